@@ -1,0 +1,1 @@
+"""Capture: load a Hugging Face checkpoint and export it unmodified."""

@@ -1,0 +1,115 @@
+"""Capture an unmodified Hugging Face causal LM with torch.export.
+
+The result is a flat FX GraphModule `input_ids -> logits` with the
+sequence length dynamic, every parameter a `get_attr`, and the
+`nn_module_stack` metadata the passes use to find layers. Higher-order
+wrappers that only toggle grad/autocast modes are inlined so every later
+pass sees one flat graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.fx.graph import CodeGen
+
+from specc.capture.families import ArchitectureSummary, summarize_architecture
+from specc.errors import SpeccError
+from specc.graph.tidy import remove_assertions, tidy
+
+_MODE_WRAPPERS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
+
+
+@dataclass
+class CapturedProgram:
+    graph_module: fx.GraphModule
+    architecture: ArchitectureSummary
+
+
+def capture(model: torch.nn.Module, max_seq_len: int) -> CapturedProgram:
+    architecture = summarize_architecture(model.config, getattr(model, "generation_config", None))
+    model.config.use_cache = False
+    exported = _export(model, max_seq_len)
+    gm = exported.module()
+    gm.graph._codegen = CodeGen()
+    gm = fx.GraphModule(gm, gm.graph)
+    remove_assertions(gm)
+    inline_mode_wrappers(gm)
+    return CapturedProgram(tidy(gm), architecture)
+
+
+def _export(model: torch.nn.Module, max_seq_len: int):
+    example = torch.zeros(1, min(8, max_seq_len), dtype=torch.long)
+    seq = torch.export.Dim("seq", min=1, max=max_seq_len)
+    try:
+        with torch.no_grad():
+            return torch.export.export(
+                model, args=(), kwargs={"input_ids": example},
+                dynamic_shapes={"input_ids": {1: seq}}, strict=False,
+            )
+    except Exception as exc:
+        raise SpeccError(
+            f"torch.export failed for {type(model).__name__}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def inline_mode_wrappers(gm: fx.GraphModule) -> int:
+    """Replace grad/autocast higher-order wrappers by the ops they wrap.
+
+    Inference runs under no_grad and the wrapped code already casts
+    explicitly, so the wrappers carry no meaning the runtime needs.
+    """
+    inlined = 0
+    for node in list(gm.graph.nodes):
+        body_index = _mode_wrapper_body_index(node)
+        if body_index is None:
+            continue
+        body = getattr(gm, node.args[body_index].target)
+        results = _copy_body(gm, node, body, node.args[body_index + 1:])
+        for user in list(node.users):
+            if user.target is operator.getitem:
+                user.replace_all_uses_with(results[user.args[1]])
+                gm.graph.erase_node(user)
+        if not node.users:
+            gm.graph.erase_node(node)
+        inlined += 1
+    return inlined
+
+
+def _mode_wrapper_body_index(node: fx.Node) -> int | None:
+    if node.op != "call_function":
+        return None
+    return _MODE_WRAPPERS.get(getattr(node.target, "__name__", ""))
+
+
+def _copy_body(gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule, operands) -> list:
+    env: dict[fx.Node, object] = {}
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, operands))
+    results: list = []
+    with gm.graph.inserting_before(call):
+        for inner in body.graph.nodes:
+            if inner.op == "placeholder":
+                continue
+            if inner.op == "output":
+                out = inner.args[0]
+                results = [env[o] if isinstance(o, fx.Node) else o for o in (out if isinstance(out, (tuple, list)) else [out])]
+                continue
+            if inner.op == "get_attr":
+                env[inner] = _hoist_attribute(gm, body, inner)
+                continue
+            copied = gm.graph.node_copy(inner, lambda n: env[n])
+            copied.meta.setdefault("nn_module_stack", call.meta.get("nn_module_stack", {}))
+            env[inner] = copied
+    return results
+
+
+def _hoist_attribute(gm: fx.GraphModule, body: fx.GraphModule, node: fx.Node) -> fx.Node:
+    name = f"_inlined_{str(node.target).replace('.', '_')}"
+    value = body.get_parameter(node.target) if node.target in dict(body.named_parameters()) else getattr(body, node.target)
+    if not hasattr(gm, name):
+        gm.register_buffer(name, value)
+    return gm.graph.get_attr(name)

@@ -1,0 +1,1 @@
+"""The `specc` command line. Verbs import heavy modules lazily."""

@@ -1,0 +1,1 @@
+"""The engine directory: format, atomic writing, verified loading."""

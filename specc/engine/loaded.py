@@ -1,0 +1,117 @@
+"""Load a verified engine and generate with it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specc.capture.families import ArchitectureSummary
+from specc.engine.format import BACKENDS
+from specc.engine.verify import read_verified_manifest
+from specc.errors import SpeccError, UsageError
+from specc.graph.serialize import graph_from_json
+from specc.lower.backends import load_aoti, lower_eager, lower_inductor
+from specc.methods.descriptor import get_method
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.generate import GenerationResult, generate
+from specc.runtime.sampling import SamplingConfig
+
+
+class LoadedEngine:
+    def __init__(self, path: Path, manifest: dict, backend: str):
+        self.path = path
+        self.manifest = manifest
+        self.backend = backend
+        self.max_seq_len = int(manifest["max_seq_len"])
+        self.dtype = getattr(torch, manifest["dtype"])
+        self.method = get_method(manifest["method"])
+        self.config = self.method.config_class.from_json(manifest["method_config"])
+        self.graph_modules = _load_graphs(path, manifest)
+        self.forward_fns = {name: self._lower(name, gm) for name, gm in self.graph_modules.items()}
+        self._cached: dict[str, CachedModel] = {}
+        self.compile_seconds = self._warm_up() if backend == "inductor" else 0.0
+        self.drafter = self.method.make_drafter(self, self.config)
+        self._tokenizer = None
+
+    def architecture(self, name: str) -> ArchitectureSummary:
+        return ArchitectureSummary.from_json(self.manifest["graphs"][name]["architecture"])
+
+    def cached_model(self, name: str) -> CachedModel:
+        """The graph `name` with its own KV cache, created once per engine."""
+        if name not in self._cached:
+            if name not in self.forward_fns:
+                raise SpeccError(f"engine has no graph {name!r}; it has {', '.join(self.forward_fns)}")
+            self._cached[name] = CachedModel(self.forward_fns[name], self.architecture(name),
+                                             self.max_seq_len, self.dtype)
+        return self._cached[name]
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer", trust_remote_code=False)
+        return self._tokenizer
+
+    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,
+                     sampling: SamplingConfig = SamplingConfig()) -> GenerationResult:
+        target = self.cached_model("target")
+        return generate(target, self.drafter, prompt_ids, max_new_tokens, sampling, self.max_seq_len)
+
+    def encode(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise UsageError("the prompt is empty; pass some text with --prompt")
+        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def _lower(self, name: str, gm):
+        if self.backend == "eager":
+            return lower_eager(gm)
+        if self.backend == "inductor":
+            return lower_inductor(gm)
+        package = self.path / "compiled" / f"{name}.pt2"
+        if not package.is_file():
+            raise UsageError(f"engine {self.path} has no AOTInductor package for {name!r}; "
+                             f"it was compiled for backend {self.manifest['backend']!r}")
+        if self.manifest["versions"]["torch"] != torch.__version__:
+            raise SpeccError(f"AOTInductor packages were built with torch {self.manifest['versions']['torch']}, "
+                             f"this is torch {torch.__version__}; recompile the engine")
+        return load_aoti(package)
+
+    def _warm_up(self) -> float:
+        """Trigger Inductor's compilations (prefill and single-token shapes) once."""
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for name in self.forward_fns:
+                model = self.cached_model(name)
+                model.extend(torch.zeros(3, dtype=torch.long), 0)
+                model.extend(torch.zeros(1, dtype=torch.long), 3)
+                model.forward_passes = 0
+        return time.perf_counter() - start
+
+
+def load_engine(path: str | Path, backend: str | None = None) -> LoadedEngine:
+    path = Path(path)
+    manifest = read_verified_manifest(path)
+    backend = backend or manifest["backend"]
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    return LoadedEngine(path, manifest, backend)
+
+
+def _load_graphs(path: Path, manifest: dict) -> dict:
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    modules = {}
+    for name, entry in manifest["graphs"].items():
+        source = entry["source"]
+        if source not in weights:
+            tensors = load_file(str(path / entry["weights"]))
+            for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
+                tensors[alias] = tensors[original]
+            weights[source] = tensors
+        graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
+        modules[name] = graph_from_json(graph_json, weights[source])
+    return modules

@@ -1,0 +1,53 @@
+"""Refuse engines that are tampered with, incomplete, or from a newer specc."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, sha256_file
+from specc.errors import SpeccError, UsageError
+
+
+def read_verified_manifest(engine_dir: Path) -> dict:
+    if not engine_dir.is_dir():
+        raise UsageError(f"engine directory {engine_dir} does not exist; create one with `specc compile`")
+    manifest_path = engine_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise SpeccError(f"{engine_dir} has no {MANIFEST}: not an engine, or an incomplete one; recompile it")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpeccError(f"{manifest_path} is not valid JSON ({exc}); the engine is damaged, recompile it") from None
+    _check_format(manifest, engine_dir)
+    _check_files(manifest.get("files", {}), engine_dir)
+    return manifest
+
+
+def _check_format(manifest: dict, engine_dir: Path) -> None:
+    if manifest.get("format") != FORMAT_NAME:
+        raise SpeccError(f"{engine_dir} is not a specc engine (format {manifest.get('format')!r})")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise SpeccError(f"{engine_dir}: manifest has no integer format_version; recompile the engine")
+    if version > FORMAT_VERSION:
+        raise SpeccError(
+            f"{engine_dir} uses engine format {version}, newer than this specc reads ({FORMAT_VERSION}); "
+            f"upgrade specc"
+        )
+    if version < FORMAT_VERSION:
+        raise SpeccError(f"{engine_dir} uses old engine format {version}; recompile it with this specc")
+
+
+def _check_files(files: dict[str, str], engine_dir: Path) -> None:
+    if not files:
+        raise SpeccError(f"{engine_dir}: manifest lists no files; the engine is incomplete, recompile it")
+    for relative, expected in files.items():
+        path = engine_dir / relative
+        if ".." in Path(relative).parts or not path.is_file():
+            raise SpeccError(f"{engine_dir} is incomplete: {relative} is missing; recompile the engine")
+        if sha256_file(path) != expected:
+            raise SpeccError(
+                f"{engine_dir}: checksum mismatch for {relative}; the engine was modified after compiling, "
+                f"recompile it"
+            )

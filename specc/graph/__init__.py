@@ -1,0 +1,1 @@
+"""Small helpers for reading and tidying FX graphs captured by torch.export."""

@@ -1,0 +1,59 @@
+"""Read what a node is from its metadata: which module, which decoder layer."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.fx as fx
+
+SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module that produced `node` ('' for top-level glue)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _type = list(stack.values())[-1]
+    return _normalize_path(path)
+
+
+def _normalize_path(path: str) -> str:
+    # Dynamo-style paths look like "L['self'].model.layers[0].self_attn".
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    return re.sub(r"\[(\d+)\]", r".\1", path)
+
+
+def layer_index(node: fx.Node) -> int | None:
+    match = _LAYER_PATH.search(module_path(node))
+    return int(match.group(1)) if match else None
+
+
+def attention_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The scaled_dot_product_attention calls, in graph order."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target == SDPA]
+
+
+def placeholder(graph: fx.Graph, name: str) -> fx.Node | None:
+    return next((n for n in graph.nodes if n.op == "placeholder" and n.target == name), None)
+
+
+def add_placeholder(graph: fx.Graph, name: str, example: torch.Tensor | None = None) -> fx.Node:
+    """Append a new graph input after the existing ones."""
+    existing = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = existing[-1] if existing else None
+    if anchor is None:
+        with graph.inserting_before(next(iter(graph.nodes))):
+            node = graph.placeholder(name)
+    else:
+        with graph.inserting_after(anchor):
+            node = graph.placeholder(name)
+    if example is not None:
+        node.meta["val"] = example
+    return node
+
+
+def output_node(graph: fx.Graph) -> fx.Node:
+    return next(n for n in reversed(graph.nodes) if n.op == "output")

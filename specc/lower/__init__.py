@@ -1,0 +1,1 @@
+"""Lowering: turn a rewritten GraphModule into the callable the runtime steps."""

@@ -1,0 +1,62 @@
+"""The three backends: eager (the rewritten graph itself), Inductor, AOTInductor.
+
+Inputs of every decoding graph: input_ids [1, q], position_ids [1, q],
+attn_mask [1, 1, q, kv], cache_positions [q], then the caches. q and kv
+are dynamic; the caches are static, one slot longer than max_seq_len.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from specc.errors import SpeccError
+
+
+def lower_eager(gm: fx.GraphModule) -> Callable:
+    return gm
+
+
+def lower_inductor(gm: fx.GraphModule) -> Callable:
+    # Inductor compiles lazily, on the first call per shape family (q = 1 and q > 1).
+    return torch.compile(gm, dynamic=True, fullgraph=True)
+
+
+def package_aoti(gm: fx.GraphModule, cache_shapes: list[tuple], dtype: torch.dtype, max_seq_len: int,
+                 package_path: Path) -> float:
+    """Export the rewritten graph with dynamic q/kv and package it; returns seconds."""
+    start = time.perf_counter()
+    example, dynamic = _example_inputs(gm, cache_shapes, dtype, max_seq_len)
+    try:
+        exported = torch.export.export(gm, example, dynamic_shapes=dynamic, strict=False)
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(package_path))
+    except Exception as exc:
+        raise SpeccError(f"AOTInductor packaging failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    return time.perf_counter() - start
+
+
+def load_aoti(package_path: Path) -> Callable:
+    return torch._inductor.aoti_load_package(str(package_path))
+
+
+def _example_inputs(gm: fx.GraphModule, cache_shapes, dtype, max_seq_len):
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    expected = ["input_ids", "position_ids", "attn_mask", "cache_positions"]
+    if names[:4] != expected:
+        raise SpeccError(f"graph inputs {names[:4]} are not the decoding layout {expected}")
+    q = torch.export.Dim("q", min=1, max=max_seq_len)
+    kv = torch.export.Dim("kv", min=1, max=max_seq_len)
+    q_len, kv_len = 3, 5
+    example = (
+        torch.zeros(1, q_len, dtype=torch.long),
+        torch.arange(2, 2 + q_len)[None],
+        torch.ones(1, 1, q_len, kv_len, dtype=torch.bool),
+        torch.arange(2, 2 + q_len),
+        *[torch.zeros(shape, dtype=dtype) for shape in cache_shapes],
+    )
+    dynamic = ({1: q}, {1: q}, {2: q, 3: kv}, {0: q}, *[None] * len(cache_shapes))
+    return example, dynamic

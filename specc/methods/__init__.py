@@ -1,0 +1,1 @@
+"""Method descriptors: each recipe is passes + training + runtime policy."""

@@ -1,0 +1,1 @@
+"""Graph passes: one verb-named pass per module, each with a typed config."""

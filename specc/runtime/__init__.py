@@ -1,0 +1,1 @@
+"""The draft/verify loop and the small pure steps it is made of."""

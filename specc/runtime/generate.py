@@ -1,0 +1,116 @@
+"""The speculative loop: prefill → draft → verify → accept → commit KV."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specc.errors import UsageError
+from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.drafter import Draft, DraftBudget, Drafter
+from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.stats import GenerationStats
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]   # generated ids only
+    stats: GenerationStats
+
+
+def generate(target: CachedModel, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
+             sampling: SamplingConfig, max_seq_len: int) -> GenerationResult:
+    check_lengths(len(prompt_ids), max_new_tokens, max_seq_len)
+    generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+    stats = GenerationStats()
+    eos = set(target.architecture.eos_token_ids)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        prompt = torch.tensor(prompt_ids, dtype=torch.long, device=target.device)
+        logits = target.extend(prompt, 0)
+        tokens = list(prompt_ids) + [_choose(logits[-1], sampling, generator)]
+        stats.target_forward_passes += 1
+        stats.prefill_seconds = time.perf_counter() - start
+        if drafter is not None:
+            drafter.begin(prompt)
+        new = tokens[len(prompt_ids):]
+        while len(new) < max_new_tokens and new[-1] not in eos:
+            step = _speculate if drafter is not None else _decode_one
+            emitted = step(target, drafter, tokens, max_new_tokens - len(new), sampling, generator, stats)
+            emitted = _truncate(emitted, eos, max_new_tokens - len(new))
+            tokens += emitted
+            new += emitted
+    stats.new_tokens = len(new)
+    stats.wall_seconds = time.perf_counter() - start
+    return GenerationResult(new, stats)
+
+
+def check_lengths(prompt_len: int, max_new_tokens: int, max_seq_len: int) -> None:
+    if prompt_len == 0:
+        raise UsageError("the prompt is empty; pass some text with --prompt")
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens {max_new_tokens} must be at least 1")
+    if prompt_len + max_new_tokens > max_seq_len:
+        raise UsageError(
+            f"prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} exceeds the engine's "
+            f"max sequence length {max_seq_len}; shorten the prompt, lower --max-new-tokens, "
+            f"or recompile with a larger --max-seq-len"
+        )
+
+
+def _decode_one(target, drafter, tokens, remaining, sampling, generator, stats) -> list[int]:
+    start = time.perf_counter()
+    logits = target.extend(torch.tensor(tokens[-1:], device=target.device), len(tokens) - 1)
+    stats.target_forward_passes += 1
+    token = _choose(logits[-1], sampling, generator)
+    stats.verify_seconds += time.perf_counter() - start
+    return [token]
+
+
+def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -> list[int]:
+    prefix_len = len(tokens) - 1
+    budget = DraftBudget(max_depth=remaining - 1, max_nodes=target.cache.max_seq_len - prefix_len)
+    start = time.perf_counter()
+    draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 else None
+    stats.draft_seconds += time.perf_counter() - start
+    if draft is None:
+        return _decode_one(target, drafter, tokens, remaining, sampling, generator, stats)
+    start = time.perf_counter()
+    logits = target.verify_tree(draft.node_tokens, prefix_len, draft.tree)
+    acceptance = _accept(draft, logits, sampling, generator)
+    target.cache.commit(prefix_len, acceptance.path)
+    stats.verify_seconds += time.perf_counter() - start
+    stats.target_forward_passes += 1
+    stats.drafted_tokens += draft.node_tokens.numel() - 1
+    stats.accepted_tokens += len(acceptance.path) - 1
+    stats.accepted_per_round.append(len(acceptance.path) - 1)
+    drafter.observe(draft, acceptance)
+    accepted = draft.node_tokens[acceptance.path[1:]].tolist()
+    return accepted + [acceptance.next_token]
+
+
+def _accept(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> Acceptance:
+    if sampling.greedy:
+        return accept_greedy(draft.node_tokens, logits, draft.tree)
+    target_probs = probabilities(logits, sampling)
+    if draft.sampled_chain:
+        return accept_sampled_chain(draft.node_tokens, draft.draft_probs, target_probs, generator)
+    return accept_sampled_tree(draft.node_tokens, target_probs, draft.tree, generator)
+
+
+def _choose(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return sample(probabilities(logits, sampling), generator)
+
+
+def _truncate(emitted: list[int], eos: set[int], room: int) -> list[int]:
+    emitted = emitted[:room]
+    for i, token in enumerate(emitted):
+        if token in eos:
+            return emitted[: i + 1]
+    return emitted
+
