@@ -22,10 +22,16 @@ _PYTHON_MODULES = {"operator": operator, "math": math}
 
 
 def graph_to_json(gm: fx.GraphModule) -> dict:
-    return {"format": FORMAT, "nodes": [_node_to_json(n) for n in gm.graph.nodes]}
+    """Nodes in order, plus any called GraphModule submodules (e.g. layer segments)."""
+    submodules = {
+        node.target: graph_to_json(gm.get_submodule(node.target))
+        for node in gm.graph.nodes if node.op == "call_module"
+    }
+    return {"format": FORMAT, "nodes": [_node_to_json(n) for n in gm.graph.nodes], "submodules": submodules}
 
 
-def graph_from_json(data: dict, attributes: dict[str, torch.Tensor]) -> fx.GraphModule:
+def graph_from_json(data: dict, attributes: dict[str, torch.Tensor], prefix: str = "") -> fx.GraphModule:
+    """Rebuild a graph; `attributes` are keyed by their full dotted name from the root."""
     if data.get("format") != FORMAT:
         raise SpeccError(f"graph format {data.get('format')!r} is not {FORMAT!r}; recompile the engine")
     graph = fx.Graph()
@@ -37,7 +43,11 @@ def graph_from_json(data: dict, attributes: dict[str, torch.Tensor]) -> fx.Graph
         )
         node.meta.update(_decode_meta(spec.get("meta", {})))
         env[spec["name"]] = node
-    root = _attribute_root(graph, attributes)
+    root = _attribute_root(graph, attributes, prefix)
+    for name, child in data.get("submodules", {}).items():
+        if "." in name or not name.isidentifier():
+            raise SpeccError(f"engine graph names submodule {name!r}; refusing to load it")
+        root.add_module(name, graph_from_json(child, attributes, f"{prefix}{name}."))
     gm = fx.GraphModule(root, graph)
     gm.graph.lint()
     return gm
@@ -74,6 +84,8 @@ def _encode_target(node: fx.Node) -> str:
 
 def _decode_target(op: str, target: str):
     if op in ("placeholder", "output", "get_attr"):
+        return target
+    if op == "call_module":
         return target
     if op != "call_function":
         raise SpeccError(f"graph node kind {op!r} is not allowed in an engine graph")
@@ -148,14 +160,15 @@ def _decode_meta(meta: dict) -> dict:
     return decoded
 
 
-def _attribute_root(graph: fx.Graph, attributes: dict[str, torch.Tensor]) -> torch.nn.Module:
+def _attribute_root(graph: fx.Graph, attributes: dict[str, torch.Tensor], prefix: str) -> torch.nn.Module:
     root = torch.nn.Module()
     for node in graph.nodes:
         if node.op != "get_attr":
             continue
-        if node.target not in attributes:
-            raise SpeccError(f"engine graph needs weight {node.target!r}, which the weights file lacks")
-        _set_attr(root, node.target, attributes[node.target])
+        name = prefix + node.target
+        if name not in attributes:
+            raise SpeccError(f"engine graph needs weight {name!r}, which the weights file lacks")
+        _set_attr(root, node.target, attributes[name])
     return root
 
 
@@ -169,12 +182,15 @@ def _set_attr(root: torch.nn.Module, dotted: str, tensor: torch.Tensor) -> None:
     owner.register_buffer(leaf, tensor)
 
 
-def graph_attributes(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
-    """Every tensor a graph reads through get_attr, by target name."""
+def graph_attributes(gm: fx.GraphModule, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor a graph (and its called submodules) reads through get_attr,
+    by full dotted name from the root."""
     tensors = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            tensors[node.target] = _get_attr(gm, node.target)
+            tensors[prefix + node.target] = _get_attr(gm, node.target)
+        elif node.op == "call_module":
+            tensors.update(graph_attributes(gm.get_submodule(node.target), f"{prefix}{node.target}."))
     return tensors
 
 

@@ -19,21 +19,28 @@ from specc.runtime.tree import TreeTensors
 
 class CachedModel:
     def __init__(self, forward: Callable, architecture: ArchitectureSummary, max_seq_len: int,
-                 dtype: torch.dtype, device="cpu"):
+                 dtype: torch.dtype, device="cpu", cache: KVCache | None = None):
+        """`cache` lets a draft graph of the target (self-speculation) share the target's KV."""
         self.forward_fn = forward
         self.architecture = architecture
         self.device = device
-        self.cache = KVCache(architecture.num_layers, architecture.num_key_value_heads,
-                             architecture.head_dim, max_seq_len, dtype, device)
+        self.cache = cache or KVCache(architecture.num_layers, architecture.num_key_value_heads,
+                                      architecture.head_dim, max_seq_len, dtype, device)
         self.forward_passes = 0
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
             mask: torch.Tensor) -> torch.Tensor:
         """Logits `[q, vocab]` for `tokens` written at cache `slots`."""
+        return self.run_all(tokens, positions, slots, mask)[0][0]
+
+    def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor, *extra_inputs: torch.Tensor) -> tuple:
+        """Every graph output; `extra_inputs` follow the caches (method-specific inputs)."""
         mask = apply_sliding_window(mask, positions, self.architecture.sliding_window)
-        outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots, *self.cache.tensors)
+        outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots,
+                                  *self.cache.tensors, *extra_inputs)
         self.forward_passes += 1
-        return outputs[0][0]
+        return outputs
 
     def extend(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Append a causal chunk of tokens after `start` cached ones."""
