@@ -65,9 +65,10 @@ def compile_engine(request: CompileRequest) -> dict:
         models["draft"] = load_model(resolve_checkpoint(config.draft_model), request.dtype)
         _check_same_vocabulary(models["target"], models["draft"])
     program = build_program(models, method, config, request.max_seq_len)
-    if method.train is not None:
-        program.added_weights = method.train(program, config)
     tokenizer = load_tokenizer(checkpoint)
+    method_state = {}
+    if method.train is not None:
+        program.added_weights, method_state = split_train_result(method.train(program, config, tokenizer))
     with staging_dir(request.output, request.force) as staging:
         tables = write_program(staging, program, tokenizer)
         lowering_seconds = _lower_ahead_of_time(staging, program, request)
@@ -76,12 +77,21 @@ def compile_engine(request: CompileRequest) -> dict:
             "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": method.lossless,
             "source_checkpoint": str(checkpoint),
             "passes": [r.to_json() for r in program.pass_records],
+            **({"method_state": method_state} if method_state else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3)},
             **tables,
         }
         write_manifest(staging, report)
     return report
+
+
+def split_train_result(result: dict) -> tuple[dict, dict]:
+    """A train step returns its trained weights by name, plus optionally, under
+    the key `method_state`, JSON-ready state for the manifest (e.g. a searched
+    skip set) that the engine exposes as `LoadedEngine.method_state`."""
+    weights = dict(result)
+    return weights, weights.pop("method_state", {})
 
 
 def build_program(models: dict, method, config, max_seq_len: int) -> SpeculativeProgram:

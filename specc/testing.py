@@ -6,7 +6,10 @@ reproduce greedy decoding for any weights.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from specc.capture.families import SUPPORTED_FAMILIES as FAMILIES
 
 TINY_VOCAB = 96
 _COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -28,19 +31,31 @@ def tiny_config(family: str, **overrides):
     return classes[family](**{**_COMMON, **extra, **overrides})
 
 
-def build_tiny_checkpoint(family: str, directory: Path, seed: int = 0, **overrides) -> Path:
-    """Write a seeded random model of `family` plus a word-level tokenizer."""
+def build_tiny_checkpoint(family: str, directory: Path, seed: int = 0, noise_from: Path | None = None,
+                          noise: float = 0.0, **overrides) -> Path:
+    """Write a seeded random model of `family` plus a word-level tokenizer.
+
+    With `noise_from`, the model is that checkpoint's weights plus Gaussian
+    noise of std `noise`: a draft model that agrees with it most of the time.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = tiny_config(family, **overrides)
-    model = AutoModelForCausalLM.from_config(config)
-    # Random init is tiny; widen the logits so greedy decoding is not a near-tie everywhere.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
+    if noise_from is not None:
+        model = AutoModelForCausalLM.from_pretrained(noise_from)
+        config = model.config
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * noise)
+    else:
+        config = tiny_config(family, **overrides)
+        model = AutoModelForCausalLM.from_config(config)
+        # Random init is tiny; widen the logits so greedy decoding is not a near-tie everywhere.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.2)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tiny_tokenizer(config.vocab_size).save_pretrained(directory)
@@ -60,3 +75,76 @@ def tiny_tokenizer(vocab_size: int = TINY_VOCAB):
     core.decoder = decoders.WordPiece(prefix="##")
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>",
                                    eos_token="</s>", unk_token="<unk>")
+
+
+def set_eos_to_a_generated_token(checkpoint: Path, prompts: list[list[int]], max_new_tokens: int) -> int:
+    """Make some (not all) greedy generations stop early: pick a token that
+    greedy decoding emits mid-way for a few prompts and declare it EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    counts: dict[int, int] = {}
+    for ids in prompts:
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+        for token in set(out[3:max_new_tokens - 2]):
+            counts[token] = counts.get(token, 0) + 1
+    share = {t: c / len(prompts) for t, c in counts.items()}
+    eos = min(share, key=lambda t: abs(share[t] - 0.3))
+    for name in ("config.json", "generation_config.json"):
+        path = checkpoint / name
+        data = json.loads(path.read_text())
+        data["eos_token_id"] = eos
+        path.write_text(json.dumps(data))
+    return eos
+
+
+def varied_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [1, 2, 3, 5, 8, 13, 21, 34] * (count // 8 + 1)
+    return [torch.randint(4, vocab, (lengths[i],), generator=generator).tolist() for i in range(count)]
+
+
+# --- pass-test helpers -----------------------------------------------------
+
+PASS_TEST_MAX_LEN = 64
+
+
+def captured_tiny(family: str = "llama", **overrides):
+    """(HF model, CapturedProgram) of a seeded tiny model of `family`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specc.capture.export import capture
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).eval()
+    return model, capture(model, PASS_TEST_MAX_LEN)
+
+
+def non_matching_graph():
+    """A graph with no attention, no rotary embedding and no decoder layers."""
+    import torch
+    import torch.fx as fx
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    exported = torch.export.export(mlp, (torch.randn(2, 8),))
+    return fx.GraphModule(exported.module(), exported.module().graph)
+
+
+def run_cached_steps(gm, ids, chunks: list[tuple[int, int]], arch):
+    """Run `ids` through a cached decoding graph chunk by chunk; return all logits."""
+    import torch
+
+    caches = [torch.zeros(1, arch.num_key_value_heads, PASS_TEST_MAX_LEN + 1, arch.head_dim)
+              for _ in range(2 * arch.num_layers)]
+    outputs = []
+    with torch.inference_mode():
+        for start, end in chunks:
+            slots = torch.arange(start, end)
+            mask = (torch.arange(end)[None, :] <= slots[:, None])[None, None]
+            outputs.append(gm(ids[:, start:end], slots[None], mask, slots, *caches)[0])
+    return torch.cat(outputs, dim=1)

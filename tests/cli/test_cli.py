@@ -1,0 +1,128 @@
+"""The command line: happy paths, every error path, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specc.cli.main import main
+from specc.testing import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    checkpoint = build_tiny_checkpoint("llama", root / "model")
+    assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / "engine"),
+                 "--max-seq-len", "48"]) == 0
+    return root, checkpoint
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_run_json_reports_text_ids_and_stats(workspace, capsys):
+    root, _ = workspace
+    code, out, err = run_cli(capsys, "run", str(root / "engine"), "--prompt", "w5 w6 w7", "--max-new-tokens", "6",
+                             "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) == {"text", "token_ids", "stats"}
+    assert 1 <= len(data["token_ids"]) <= 6
+    for key in ("mean_accepted_length", "acceptance_rate", "target_forward_passes", "drafted_tokens",
+                "new_tokens", "tokens_per_second", "wall_seconds"):
+        assert key in data["stats"]
+    assert data["stats"]["acceptance_rate"] is None and data["stats"]["mean_accepted_length"] == 1.0
+
+
+def test_run_sampling_is_reproducible_with_a_seed(workspace, capsys):
+    root, _ = workspace
+    args = ["run", str(root / "engine"), "--prompt", "w9 w10", "--max-new-tokens", "8", "--temperature", "1.0",
+            "--top-p", "0.9", "--seed", "3", "--json"]
+    first = json.loads(run_cli(capsys, *args)[1])["token_ids"]
+    assert json.loads(run_cli(capsys, *args)[1])["token_ids"] == first
+
+
+def test_inspect_shows_passes_and_graphs(workspace, capsys):
+    root, _ = workspace
+    code, out, _ = run_cli(capsys, "inspect", str(root / "engine"))
+    assert code == 0
+    assert "pass insert_kv_cache (changed" in out and "aten.index_put_.default=" in out
+    code, out, _ = run_cli(capsys, "inspect", str(root / "engine"), "--graph", "target")
+    assert code == 0 and "index_put_" in out and "def forward" in out
+    code, out, _ = run_cli(capsys, "inspect", str(root / "engine"), "--after", "insert_attention_mask")
+    assert code == 0 and "attn_mask" in out and "index_put_" not in out
+
+
+def test_methods_lists_fields_with_defaults(capsys):
+    code, out, _ = run_cli(capsys, "methods")
+    assert code == 0 and "none" in out and "draft-model" in out and "num_draft_tokens: int = 4" in out
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["compile", "{root}/missing", "--method", "none", "-o", "{root}/x"], 2, "does not exist"),
+    (["compile", "{root}", "--method", "none", "-o", "{root}/x"], 2, "has no config.json"),
+    (["compile", "{ckpt}", "--method", "medusa", "-o", "{root}/x"], 2, "unknown method 'medusa'; choose one of"),
+    (["compile", "{ckpt}", "--method", "none", "--backend", "tvm", "-o", "{root}/x"], 2,
+     "unknown backend 'tvm'; choose one of: eager, inductor, aoti"),
+    (["compile", "{ckpt}", "--method", "none", "--dtype", "int4", "-o", "{root}/x"], 2, "unknown dtype 'int4'"),
+    (["compile", "{ckpt}", "--method", "none", "-o", "{root}/engine"], 2, "already exists; pass --force"),
+    (["compile", "{ckpt}", "--method", "draft-model", "-o", "{root}/x"], 2, "needs a draft model; pass --draft-model"),
+    (["compile", "{ckpt}", "--method", "draft-model", "--draft-model", "{ckpt}", "--set", "tree_width=wide",
+      "-o", "{root}/x"], 2, "tree_width must be int, got 'wide'"),
+    (["compile", "{ckpt}", "--method", "draft-model", "--draft-model", "{ckpt}", "--set", "num_draft_tokens",
+      "-o", "{root}/x"], 2, "malformed config setting 'num_draft_tokens'; write it as key=value"),
+    (["compile", "{ckpt}", "--method", "none", "--set", "gamma=3", "-o", "{root}/x"], 2, "unknown config field"),
+    (["compile", "{ckpt}", "--method", "none", "--max-seq-len", "2", "-o", "{root}/x"], 2, "--max-seq-len 2"),
+    (["run", "{root}/engine", "--prompt", ""], 2, "the prompt is empty"),
+    (["run", "{root}/engine", "--prompt", "w5", "--max-new-tokens", "100"], 2, "exceeds the engine's max sequence"),
+    (["run", "{root}/engine", "--prompt", "w5", "--temperature", "-1"], 2, "--temperature -1.0 is negative"),
+    (["run", "{root}/engine", "--prompt", "w5", "--top-p", "1.5"], 2, "--top-p 1.5 is outside (0, 1]"),
+    (["run", "{root}/nothing", "--prompt", "w5"], 2, "does not exist"),
+    (["run", "{ckpt}", "--prompt", "w5"], 1, "no manifest.json"),
+    (["inspect", "{root}/engine", "--graph", "draft"], 2, "no graph 'draft'"),
+    (["inspect", "{root}/engine", "--after", "fuse_everything"], 2, "no pass 'fuse_everything'"),
+])
+def test_error_paths(workspace, capsys, args, code, message):
+    root, checkpoint = workspace
+    args = [a.format(root=root, ckpt=checkpoint) for a in args]
+    got_code, _, err = run_cli(capsys, *args)
+    assert got_code == code, err
+    assert message in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("specc:")] == [err.splitlines()[-1]], err
+    assert not (root / "x").exists()
+
+
+def test_unsupported_architecture_names_the_supported_list(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path / "gpt2")
+    code, _, err = run_cli(capsys, "compile", str(tmp_path / "gpt2"), "--method", "none", "-o", str(tmp_path / "e"))
+    assert code == 2 and "unsupported architecture 'gpt2'" in err and "llama, mistral, qwen2, qwen3, phi3" in err
+    assert not (tmp_path / "e").exists()
+
+
+def test_hub_id_offline_says_to_pass_a_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, err = run_cli(capsys, "compile", "someone/some-model", "--method", "none", "-o", str(tmp_path / "e"))
+    assert code == 2 and "not available in the local Hugging Face cache" in err and "pass a checkpoint directory" in err
+
+
+def test_debug_shows_the_traceback(workspace):
+    root, _ = workspace
+    with pytest.raises(Exception):
+        main(["--debug", "run", str(root / "nothing"), "--prompt", "w5"])
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "specc.cli.main", "methods"], capture_output=True, text=True)
+    assert result.returncode == 0 and "draft-model" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "specc.cli.main", "compile"], capture_output=True, text=True)
+    assert bad.returncode == 2

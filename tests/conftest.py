@@ -1,0 +1,32 @@
+"""Shared fixtures: seeded tiny checkpoints of every family, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specc.testing import build_tiny_checkpoint, set_eos_to_a_generated_token, varied_prompts
+
+# The test models are tiny: intra-op threads only add overhead, and they
+# thrash badly when several test processes share the two cores.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """family -> (target dir, draft dir). The draft is a noisy copy of the
+    target, so rounds accept some tokens and reject others."""
+    cache: dict[str, tuple[Path, Path]] = {}
+
+    def get(family: str) -> tuple[Path, Path]:
+        if family not in cache:
+            root = tmp_path_factory.mktemp(family)
+            target = build_tiny_checkpoint(family, root / "target", seed=0)
+            set_eos_to_a_generated_token(target, varied_prompts(12, 96, seed=7), 24)
+            draft = build_tiny_checkpoint(family, root / "draft", seed=0, noise_from=target, noise=0.08)
+            cache[family] = (target, draft)
+        return cache[family]
+
+    return get

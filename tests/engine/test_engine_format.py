@@ -1,0 +1,110 @@
+"""Engine round-trip, integrity checks and atomic writing."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+
+from specc.compiler import CompileRequest, compile_engine
+from specc.engine.format import FORMAT_VERSION, MANIFEST
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError, UsageError
+from specc.testing import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    checkpoint = build_tiny_checkpoint("llama", root / "model")
+    compile_engine(CompileRequest(model=str(checkpoint), method="none", output=root / "engine", max_seq_len=64))
+    return root / "engine"
+
+
+def copy_engine(engine_dir, tmp_path):
+    import shutil
+
+    target = tmp_path / "copy"
+    shutil.copytree(engine_dir, target)
+    return target
+
+
+def test_manifest_records_versions_passes_and_checksums(engine_dir):
+    manifest = json.loads((engine_dir / MANIFEST).read_text())
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert set(manifest["versions"]) == {"specc", "torch", "transformers"}
+    assert [p["pass_name"] for p in manifest["passes"]] == [
+        "expose_position_ids", "insert_attention_mask", "insert_kv_cache"]
+    assert manifest["graphs"]["target"]["architecture"]["model_type"] == "llama"
+    files = set(manifest["files"])
+    assert {"graphs/target.json", "weights/target.safetensors", "tokenizer/tokenizer.json"} <= files
+    assert any(f.startswith("ir/target/") for f in files)
+
+
+def test_engine_contains_no_pickle(engine_dir):
+    for path in engine_dir.rglob("*"):
+        if path.is_file():
+            head = path.read_bytes()[:2]
+            assert head != b"\x80\x04" and head != b"\x80\x02", f"{path} looks like a pickle"
+            assert not zipfile.is_zipfile(path) or path.suffix == ".pt2", f"{path} is a zip (torch.save?)"
+            assert path.suffix not in (".pt", ".pth", ".bin", ".pkl")
+
+
+def test_round_trip_generates(engine_dir):
+    engine = load_engine(engine_dir)
+    result = engine.generate_ids([5, 6, 7], 5)
+    assert len(result.token_ids) >= 1 and result.stats.new_tokens == len(result.token_ids)
+
+
+def test_tampered_file_is_refused(engine_dir, tmp_path):
+    engine = copy_engine(engine_dir, tmp_path)
+    graph = engine / "graphs" / "target.json"
+    graph.write_text(graph.read_text().replace("aten.linear", "aten.linear", 1) + " ")
+    with pytest.raises(SpeccError, match="checksum mismatch for graphs/target.json"):
+        load_engine(engine)
+
+
+def test_incomplete_engine_is_refused(engine_dir, tmp_path):
+    engine = copy_engine(engine_dir, tmp_path)
+    (engine / "weights" / "target.safetensors").unlink()
+    with pytest.raises(SpeccError, match="incomplete: weights/target.safetensors is missing"):
+        load_engine(engine)
+    (engine / MANIFEST).unlink()
+    with pytest.raises(SpeccError, match="no manifest.json"):
+        load_engine(engine)
+
+
+def test_newer_format_is_refused(engine_dir, tmp_path):
+    engine = copy_engine(engine_dir, tmp_path)
+    manifest = json.loads((engine / MANIFEST).read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (engine / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(SpeccError, match="newer than this specc reads"):
+        load_engine(engine)
+
+
+def test_graph_naming_a_foreign_callable_is_refused(engine_dir, tmp_path):
+    from specc.graph.serialize import graph_from_json
+
+    data = json.loads((engine_dir / "graphs" / "target.json").read_text())
+    node = next(n for n in data["nodes"] if n["op"] == "call_function")
+    node["target"] = "os.system"
+    with pytest.raises(SpeccError, match="refusing to load it"):
+        graph_from_json(data, {})
+
+
+def test_existing_output_needs_force_and_failure_leaves_nothing(engine_dir, tmp_path):
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "model")
+    out = tmp_path / "engine"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(UsageError, match="already exists; pass --force"):
+        compile_engine(CompileRequest(model=str(checkpoint), method="none", output=out))
+    with pytest.raises(SpeccError):
+        compile_engine(CompileRequest(model=str(checkpoint), method="none", output=out, force=True,
+                                      settings=["bogus=1"]))
+    assert (out / "keep.txt").read_text() == "mine", "a failed compile must not touch the old engine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine", "model"], "no partial directories left"
+    compile_engine(CompileRequest(model=str(checkpoint), method="none", output=out, force=True, max_seq_len=32))
+    assert not (out / "keep.txt").exists() and (out / MANIFEST).is_file()
