@@ -18,6 +18,7 @@ from specc.lower.backends import package_aoti
 from specc.methods.descriptor import get_method
 from specc.passes.manager import readable_graph, run_passes
 from specc.program import ProgramGraph, SpeculativeProgram
+from specc.progress import StageReporter
 
 log = logging.getLogger("specc")
 
@@ -33,6 +34,7 @@ class CompileRequest:
     force: bool = False
     settings: list[str] = field(default_factory=list)   # method config as key=value
     draft_model: str | None = None
+    show_progress: bool = False
 
 
 def validate(request: CompileRequest):
@@ -59,19 +61,25 @@ def validate(request: CompileRequest):
 def compile_engine(request: CompileRequest) -> dict:
     start = time.perf_counter()
     method, config = validate(request)
+    progress = StageReporter(request.show_progress)
     checkpoint = resolve_checkpoint(request.model)
-    models = {"target": load_model(checkpoint, request.dtype)}
-    if method.needs_draft_model:
-        models["draft"] = load_model(resolve_checkpoint(config.draft_model), request.dtype)
-        _check_same_vocabulary(models["target"], models["draft"])
-    program = build_program(models, method, config, request.max_seq_len)
-    tokenizer = load_tokenizer(checkpoint)
+    with progress.stage("loading checkpoint"):
+        models = {"target": load_model(checkpoint, request.dtype)}
+        if method.needs_draft_model:
+            models["draft"] = load_model(resolve_checkpoint(config.draft_model), request.dtype)
+            _check_same_vocabulary(models["target"], models["draft"])
+        tokenizer = load_tokenizer(checkpoint)
+    with progress.stage("capturing with torch.export and running passes"):
+        program = build_program(models, method, config, request.max_seq_len)
     method_state = {}
     if method.train is not None:
-        program.added_weights, method_state = split_train_result(method.train(program, config, tokenizer))
+        with progress.stage(f"training/calibrating {method.name}"):
+            program.added_weights, method_state = split_train_result(method.train(program, config, tokenizer))
     with staging_dir(request.output, request.force) as staging:
-        tables = write_program(staging, program, tokenizer)
-        lowering_seconds = _lower_ahead_of_time(staging, program, request)
+        with progress.stage("writing engine"):
+            tables = write_program(staging, program, tokenizer)
+        with progress.stage(f"lowering ({request.backend})"):
+            lowering_seconds = _lower_ahead_of_time(staging, program, request)
         report = {
             "method": method.name, "method_config": config.to_json(), "backend": request.backend,
             "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": method.lossless,
@@ -79,7 +87,7 @@ def compile_engine(request: CompileRequest) -> dict:
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
-                                "lowering": round(lowering_seconds, 3)},
+                                "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
             **tables,
         }
         write_manifest(staging, report)

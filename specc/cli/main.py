@@ -119,6 +119,7 @@ def _compile(args) -> int:
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
         max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, draft_model=args.draft_model,
+        show_progress=True,
     )
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}) ...", file=sys.stderr)
     report = compile_engine(request)
