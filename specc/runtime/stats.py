@@ -12,6 +12,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -44,6 +45,8 @@ class GenerationStats:
             "accepted_tokens": self.accepted_tokens,
             "new_tokens": self.new_tokens,
             "draft_rounds": len(self.accepted_per_round),
+            "mean_drafted_per_round": (round(sum(self.drafted_per_round) / len(self.drafted_per_round), 4)
+                                       if self.drafted_per_round else None),
             "ctar": {str(w): self.ctar(w) for w in range(1, 7)},
             "tokens_per_second": round(self.tokens_per_second, 3),
             "wall_seconds": round(self.wall_seconds, 4),

@@ -1,0 +1,247 @@
+"""Benchmark every registered method on a reference model.
+
+    python benchmarks/run_all.py [--model-spec small] [--quick] [--update-readme]
+
+Builds (or reuses from the cache) the reference model, compiles every method
+in the registry that it can, runs `specc bench` on each against the same
+baselines, and writes benchmarks/results/<device>-<model>.json and .md.
+Methods that need a draft model get the `tiny` reference model when its
+tokenizer matches the target's. `--quick` uses the tiny model as target and
+a few short prompts, for a run of a couple of minutes.
+
+With --update-readme, the table replaces whatever README.md holds between
+the markers <!-- bench:begin --> and <!-- bench:end --> (nothing is written
+if either marker is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+ENGINES = REPO / "build" / "bench-engines"
+DRAFT_SPEC = "tiny"
+README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+SUITE_SCHEMA = "specc-bench-suite/1"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-spec", default="small", help="reference model spec (default small)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 4 prompts, 32 new tokens")
+    parser.add_argument("--prompts", default="code", help="prompt set or file, as for `specc bench`")
+    parser.add_argument("--num-prompts", type=int, default=None, help="default 16 (4 with --quick)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", default="eager", help="engine backend for every method (default eager)")
+    parser.add_argument("--methods", help="comma-separated subset of methods (default: all registered)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--update-readme", action="store_true",
+                        help="rewrite README.md between the bench markers with the table")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model_spec = "tiny"
+    args.num_prompts = args.num_prompts or (4 if args.quick else 16)
+    args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specc.errors import SpeccError
+
+    args = parse_args(argv)
+    try:
+        return run_suite(args)
+    except SpeccError as exc:
+        print(f"run_all: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
+    from specc.refmodels import build_reference_model
+
+    target = build_reference_model(args.model_spec)
+    draft = build_reference_model(DRAFT_SPEC)
+    engines = ENGINES / args.model_spec
+    max_seq_len = _max_seq_len(target)
+    baseline = compile_method("none", target, None, engines, args.backend, max_seq_len)
+    results = {}
+    for method in selected_methods(args.methods):
+        print(f"\n### {method.name}", file=sys.stderr)
+        results[method.name] = run_method(method, target, draft, baseline, engines, max_seq_len, args)
+    suite = {
+        "schema": SUITE_SCHEMA, "created_unix": int(time.time()), "device": device_label(DEVICE_USED),
+        "model_spec": args.model_spec, "model_checkpoint": str(target), "draft_spec": DRAFT_SPEC,
+        "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
+                     "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
+                     "quick": args.quick},
+        "machine": machine_info(), "versions": versions(), "methods": results,
+        "omitted": "each method's per-run records (`runs`); `specc bench --json` keeps them",
+    }
+    stem = f"{suite['device']}-{args.model_spec}"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"{stem}.json").write_text(json.dumps(suite, indent=1) + "\n")
+    table = markdown_table(suite)
+    (args.results_dir / f"{stem}.md").write_text(table)
+    print(f"\nwrote {args.results_dir / stem}.json and .md", file=sys.stderr)
+    print(table)
+    if args.update_readme:
+        update_readme(REPO / "README.md", table)
+    return 1 if any(r["status"] == "failed" for r in results.values()) else 0
+
+
+def selected_methods(names: str | None) -> list:
+    from specc.methods.descriptor import all_methods, get_method
+
+    if not names:
+        return all_methods()
+    return [get_method(name.strip()) for name in names.split(",") if name.strip()]
+
+
+def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path, max_seq_len: int, args) -> dict:
+    """Compile and benchmark one method; a failure is recorded and the suite goes on."""
+    from specc.bench.harness import BenchOptions, benchmark
+    from specc.bench.report import format_report, identity_banner
+
+    note = None
+    if method.needs_draft_model:
+        mismatch = vocabulary_mismatch(target, draft)
+        if mismatch:
+            return {"status": "skipped", "note": f"no usable draft model: {mismatch}"}
+        if target.resolve() == draft.resolve():
+            note = f"the draft ({DRAFT_SPEC}) is the target itself: a sanity run, α should be 1"
+    try:
+        engine = (baseline if method.name == "none" else
+                  compile_method(method.name, target, draft if method.needs_draft_model else None, engines,
+                                 args.backend, max_seq_len))
+        doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                                     repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
+    except Exception as exc:  # one broken method must not hide the others' results; it is reported loudly
+        traceback.print_exc()
+        return {"status": "failed", "note": f"{type(exc).__name__}: {exc}"}
+    print(format_report(doc))
+    banner = identity_banner(doc)
+    if banner:
+        print(banner, file=sys.stderr)
+    doc.pop("runs")
+    return {"status": "ok", "note": note, "bench": doc}
+
+
+def compile_method(name: str, target: Path, draft: Path | None, engines: Path, backend: str,
+                   max_seq_len: int) -> Path:
+    from specc.compiler import CompileRequest, compile_engine
+
+    output = engines / name
+    output.parent.mkdir(parents=True, exist_ok=True)
+    print(f"compiling {name} ({backend}) into {output}", file=sys.stderr)
+    compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend,
+                                  max_seq_len=max_seq_len, force=True,
+                                  draft_model=str(draft) if draft is not None else None))
+    return output
+
+
+def vocabulary_mismatch(target: Path, draft: Path) -> str | None:
+    """Why `draft` cannot draft for `target`, or None if their tokenizers agree."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    target_vocab = AutoConfig.from_pretrained(target).vocab_size
+    draft_vocab = AutoConfig.from_pretrained(draft).vocab_size
+    if target_vocab != draft_vocab:
+        return f"vocabulary sizes differ ({draft_vocab} in {draft}, {target_vocab} in {target})"
+    if AutoTokenizer.from_pretrained(target).get_vocab() != AutoTokenizer.from_pretrained(draft).get_vocab():
+        return f"the tokenizers of {draft} and {target} map tokens to different ids"
+    return None
+
+
+def _max_seq_len(checkpoint: Path) -> int:
+    from transformers import AutoConfig
+
+    return min(1024, AutoConfig.from_pretrained(checkpoint).max_position_embeddings)
+
+
+def markdown_table(suite: dict) -> str:
+    settings = suite["settings"]
+    lines = [
+        f"Device `{suite['device']}`, reference model `{suite['model_spec']}`, backend {settings['backend']}; "
+        f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
+        f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
+        f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
+        f"{' --quick' if settings['quick'] else ''}`).",
+        "",
+        "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "
+        "| M | α | identical to HF | SWIFT eq. 6 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for name, result in suite["methods"].items():
+        if result["status"] != "ok":
+            notes.append(f"- `{name}` {result['status']}: {result['note']}")
+            continue
+        if result["note"]:
+            notes.append(f"- `{name}`: {result['note']}")
+        lines.append(_table_row(name, result["bench"]))
+    baselines = _baseline_line(suite)
+    return "\n".join(lines + ([""] + [baselines] if baselines else []) + ([""] + notes if notes else [])) + "\n"
+
+
+def _table_row(name: str, doc: dict) -> str:
+    overall = doc["overall"]
+    engine = overall["systems"]["engine"]
+    acceptance = engine.get("acceptance", {})
+    identity = doc["identity"]
+    swift = overall["prediction"]["swift_eq6"].get("expected_speedup")
+    alpha = acceptance.get("acceptance_rate")
+    same = f"{identity['identical']}/{identity['total']}" + (" ⚠" if doc["identity_flag"] else "")
+    cells = [
+        f"`{name}`", "yes" if doc["engine"]["lossless"] else "no",
+        f"{engine['tokens_per_second']['median']:.1f}",
+        *(_speedup_cell(overall["speedup"].get(b)) for b in ("hf-greedy", "specc-none", "hf-prompt-lookup",
+                                                              "hf-assisted")),
+        f"{acceptance['mean_accepted_length']:.2f}" if acceptance else "—",
+        "—" if alpha is None else f"{alpha:.2f}",
+        same,
+        "—" if swift is None else f"{swift:.2f}×",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _speedup_cell(spread: dict | None) -> str:
+    if spread is None:
+        return "—"
+    return f"{spread['median']:.2f}× ({spread['min']:.2f}–{spread['max']:.2f})"
+
+
+def _baseline_line(suite: dict) -> str | None:
+    docs = [r["bench"] for r in suite["methods"].values() if r["status"] == "ok"]
+    if not docs:
+        return None
+    systems = docs[0]["overall"]["systems"]
+    labels = {s["name"]: s["label"] for s in docs[0]["systems"]}
+    parts = [f"{labels[n]} {systems[n]['tokens_per_second']['median']:.1f}" for n in ("hf-greedy", "specc-none")]
+    return "Baseline tok/s (from the first method's run): " + ", ".join(parts) + "."
+
+
+def update_readme(readme: Path, table: str) -> bool:
+    """Replace the text between the bench markers; leave README alone without them."""
+    if not readme.is_file():
+        print(f"{readme} does not exist; not updated", file=sys.stderr)
+        return False
+    text = readme.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        print(f"{readme} has no {README_BEGIN} ... {README_END} section; not updated", file=sys.stderr)
+        return False
+    readme.write_text(text[: begin + len(README_BEGIN)] + "\n" + table + text[end:])
+    print(f"updated the benchmark table in {readme}", file=sys.stderr)
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The systems an engine is measured against, built from its manifest.
+
+- Hugging Face `generate`, greedy, on the original checkpoint (the papers' baseline);
+- Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens=10`);
+- Hugging Face assisted generation with the engine's draft checkpoint, for
+  methods that use one;
+- the specc `none` engine compiled from the same checkpoint with the same
+  backend, dtype and max_seq_len (the compiled autoregressive baseline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specc.bench.systems import (HF_ASSISTED, HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE, System, engine_system,
+                                 hf_system)
+from specc.errors import SpeccError, UsageError
+
+PROMPT_LOOKUP_TOKENS = 10
+
+
+@dataclass
+class Baselines:
+    systems: list[System]
+    model_info: dict
+    notes: list[str] = field(default_factory=list)
+
+
+def source_checkpoint(manifest: dict) -> Path:
+    path = Path(manifest["source_checkpoint"])
+    if not (path / "config.json").is_file():
+        raise SpeccError(
+            f"the engine's source checkpoint {path} is gone (no config.json there); the benchmark needs it "
+            f"for the Hugging Face baseline and to compile the autoregressive baseline engine; restore it, "
+            f"or recompile the engine from a checkpoint that exists"
+        )
+    return path
+
+
+def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Path | None = None) -> Baselines:
+    from specc.capture.load import load_model
+
+    manifest = engine.manifest
+    checkpoint = source_checkpoint(manifest)
+    model = load_model(checkpoint, manifest["dtype"])
+    systems = [
+        hf_system(HF_GREEDY, "HF generate, greedy", model, max_new_tokens),
+        hf_system(HF_PROMPT_LOOKUP, f"HF prompt lookup ({PROMPT_LOOKUP_TOKENS})", model, max_new_tokens,
+                  prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
+    ]
+    notes = []
+    assisted, note = _assisted_system(manifest, model, max_new_tokens)
+    systems += [assisted] if assisted else []
+    notes += [note] if note else []
+    systems.append(_none_system(engine, checkpoint, max_new_tokens, workdir, none_engine))
+    model_info = {"checkpoint": str(checkpoint), "model_type": model.config.model_type,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
+                  "hidden_size": model.config.hidden_size}
+    return Baselines(systems, model_info, notes)
+
+
+def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
+    from specc.methods.descriptor import get_method
+
+    if not get_method(manifest["method"]).needs_draft_model:
+        return None, None
+    draft_path = manifest["method_config"].get("draft_model")
+    if not draft_path or not (Path(draft_path) / "config.json").is_file():
+        return None, (f"HF assisted generation skipped: the engine's draft checkpoint {draft_path} is gone "
+                      f"(the engine keeps its own copy of the draft weights, so it still runs)")
+    from specc.capture.load import load_model
+
+    draft = load_model(Path(draft_path), manifest["dtype"])
+    return hf_system(HF_ASSISTED, "HF assisted generation", model, max_new_tokens, assistant=draft), None
+
+
+def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, none_engine: Path | None) -> System:
+    from specc.engine.loaded import load_engine
+
+    manifest = engine.manifest
+    if none_engine is None:
+        from specc.compiler import CompileRequest, compile_engine
+
+        none_engine = workdir / "none"
+        compile_engine(CompileRequest(model=str(checkpoint), method="none", output=none_engine,
+                                      backend=manifest["backend"], dtype=manifest["dtype"],
+                                      max_seq_len=int(manifest["max_seq_len"])))
+    baseline = load_engine(none_engine, engine.backend)
+    _check_comparable(baseline.manifest, manifest, none_engine)
+    return engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens)
+
+
+def _check_comparable(baseline: dict, engine: dict, path: Path) -> None:
+    if baseline["method"] != "none":
+        raise UsageError(f"the baseline engine {path} uses method {baseline['method']!r}; it must be 'none'")
+    for key in ("source_checkpoint", "backend", "dtype", "max_seq_len"):
+        if baseline[key] != engine[key]:
+            raise UsageError(f"the baseline engine {path} has {key} {baseline[key]!r} but the engine under test "
+                             f"has {engine[key]!r}; compile the baseline with the same settings")

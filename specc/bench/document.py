@@ -1,0 +1,107 @@
+"""Assemble the benchmark's JSON document from the timed runs.
+
+Everything the report prints and the chart draws is read from this
+document, so the printed figures are the recorded ones.
+"""
+
+from __future__ import annotations
+
+import time
+
+from specc.bench import statistics as st
+from specc.bench.memory import MemoryProbe, process_peak_rss_bytes
+from specc.bench.predict import predict
+from specc.bench.runner import Run
+from specc.bench.systems import ENGINE, HF_GREEDY, SPECC_NONE, System
+
+SCHEMA = "specc-bench/1"
+OVERALL = "overall"
+
+
+def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict, machine: dict, versions: dict,
+                   settings: dict, prompts: list[dict], systems: list[System], runs: list[Run],
+                   memory: MemoryProbe, notes: list[str]) -> dict:
+    reference = {r.prompt_index: r.token_ids for r in runs if r.system == HF_GREEDY and r.repeat == 0}
+    lossless = bool(engine_manifest["lossless"])
+    groups = {OVERALL: set(range(len(prompts)))}
+    for category in dict.fromkeys(p["category"] for p in prompts):
+        groups[category] = {p["index"] for p in prompts if p["category"] == category}
+    summaries = {name: summarize_group(runs, systems, indices, reference, engine_manifest["method_config"])
+                 for name, indices in groups.items()}
+    identity = summaries[OVERALL]["systems"][ENGINE]["identity_vs_hf_greedy"]
+    return {
+        "schema": SCHEMA,
+        "created_unix": int(time.time()),
+        "machine": machine,
+        "versions": versions,
+        "model": model_info,
+        "engine": engine_summary(engine_manifest, engine_path),
+        "settings": settings,
+        "notes": notes,
+        "prompts": prompts,
+        "systems": [s.describe() for s in systems],
+        "overall": summaries[OVERALL],
+        "categories": {k: v for k, v in summaries.items() if k != OVERALL},
+        "memory": memory_summary(runs, systems, memory),
+        "identity": identity,
+        "identity_flag": lossless and identity["share"] is not None and identity["share"] < 1.0,
+        "runs": [r.to_json() for r in runs],
+    }
+
+
+def engine_summary(manifest: dict, path: str) -> dict:
+    return {"path": path, "method": manifest["method"], "method_config": manifest["method_config"],
+            "lossless": manifest["lossless"], "backend": manifest["backend"], "dtype": manifest["dtype"],
+            "max_seq_len": manifest["max_seq_len"], "graphs": sorted(manifest["graphs"]),
+            "versions": manifest.get("versions"), "compile_seconds": manifest.get("compile_seconds")}
+
+
+def summarize_group(runs: list[Run], systems: list[System], indices: set[int], reference: dict[int, list[int]],
+                    method_config: dict) -> dict:
+    throughput = {s.name: st.throughput_by_repeat(runs, s.name, indices) for s in systems}
+    result: dict = {"prompts": len(indices), "systems": {}, "speedup": {}}
+    for system in systems:
+        mine = [r for r in runs if r.system == system.name and r.prompt_index in indices]
+        entry = {
+            "tokens_per_second": st.spread(throughput[system.name]).to_json(),
+            "new_tokens_per_repeat": sum(len(r.token_ids) for r in mine if r.repeat == 0),
+        }
+        if system.name != HF_GREEDY:
+            entry["identity_vs_hf_greedy"] = st.identity({i: reference[i] for i in indices}, mine, system.name)
+        stats = [r.stats for r in mine if r.stats is not None]
+        if stats:
+            entry["acceptance"] = st.acceptance(stats)
+            entry["time_split"] = st.time_split(stats)
+            decode = st.decode_throughput_by_repeat(runs, system.name, indices)
+            entry["decode_tokens_per_second"] = st.spread(decode).to_json() if decode else None
+        result["systems"][system.name] = entry
+        if system.role == "baseline":
+            result["speedup"][system.name] = st.speedup(throughput[ENGINE], throughput[system.name]).to_json()
+    result["prediction"] = _prediction(runs, indices, method_config, result)
+    return result
+
+
+def _prediction(runs: list[Run], indices: set[int], method_config: dict, group: dict) -> dict:
+    engine_stats = [r.stats for r in runs if r.system == ENGINE and r.prompt_index in indices]
+    baseline_stats = [r.stats for r in runs if r.system == SPECC_NONE and r.prompt_index in indices]
+    prediction = predict(engine_stats, baseline_stats, method_config)   # costs pooled over all repeats
+    engine_decode = st.decode_throughput_by_repeat(runs, ENGINE, indices)
+    none_decode = st.decode_throughput_by_repeat(runs, SPECC_NONE, indices)
+    prediction["measured"] = {
+        "speedup_over_specc_none": group["speedup"][SPECC_NONE]["median"],
+        "decode_speedup_over_specc_none":
+            st.speedup(engine_decode, none_decode).median if engine_decode and none_decode else None,
+    }
+    return prediction
+
+
+def memory_summary(runs: list[Run], systems: list[System], memory: MemoryProbe) -> dict:
+    per_system = {}
+    for system in systems:
+        mine = [r for r in runs if r.system == system.name and r.peak_rss_bytes is not None]
+        per_system[system.name] = {
+            "weights_bytes": system.weights_bytes,
+            "peak_rss_bytes": max((r.peak_rss_bytes for r in mine), default=None),
+            "peak_growth_bytes": max((r.peak_rss_bytes - r.rss_before_bytes for r in mine), default=None),
+        }
+    return {"method": memory.method, "process_peak_rss_bytes": process_peak_rss_bytes(), "systems": per_system}

@@ -1,0 +1,94 @@
+"""Benchmark one engine against its baselines in one process, on the same prompts."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specc.bench.baselines import build_baselines, source_checkpoint
+from specc.bench.document import build_document
+from specc.bench.machine import machine_info, versions
+from specc.bench.memory import MemoryProbe
+from specc.bench.prompts import load_prompt_set
+from specc.bench.runner import run_interleaved
+from specc.bench.systems import ENGINE, engine_system
+from specc.errors import UsageError
+
+MIN_REPEATS_FOR_SPREAD = 3
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    engine: Path
+    prompts: str = "code"
+    max_new_tokens: int = 64
+    repeats: int = 3
+    num_prompts: int | None = None
+    baseline_engine: Path | None = None   # a compiled `none` engine to reuse instead of compiling one
+    show_progress: bool = True
+
+
+def benchmark(options: BenchOptions) -> dict:
+    """Run every system on every prompt and return the benchmark document."""
+    from specc.engine.loaded import load_engine
+
+    if options.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens {options.max_new_tokens} must be at least 1")
+    if options.repeats < 1:
+        raise UsageError(f"--repeats {options.repeats} must be at least 1")
+    _quiet_transformers()
+    engine = load_engine(options.engine)
+    source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
+    prompt_set = load_prompt_set(options.prompts, options.num_prompts)
+    prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens)
+    notes = prompt_set.notes + notes
+    if options.repeats < MIN_REPEATS_FOR_SPREAD:
+        notes.append(f"only {options.repeats} repeat(s): the median, min and max are not a spread; "
+                     f"use --repeats {MIN_REPEATS_FOR_SPREAD} or more for reportable figures")
+    memory = MemoryProbe()
+    with tempfile.TemporaryDirectory(prefix="specc-bench-") as workdir:
+        baselines = build_baselines(engine, options.max_new_tokens, Path(workdir), options.baseline_engine)
+        under_test = engine_system(ENGINE, f"specc {engine.manifest['method']}", "engine", engine,
+                                   options.max_new_tokens)
+        systems = baselines.systems + [under_test]
+        runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress)
+    settings = {"prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
+                "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
+                "warmup_runs_per_system": 1, "decoding": "greedy, batch 1", "interleaved": True,
+                "throughput": "per repeat: new tokens / wall seconds over the group's prompts; "
+                              "median, min and max over repeats",
+                "mean_accepted_length": "new tokens per target forward, bonus token and prefill included"}
+    return build_document(
+        engine_manifest=engine.manifest, engine_path=str(options.engine), model_info=baselines.model_info,
+        machine=machine_info(), versions=versions(), settings=settings, prompts=prompts, systems=systems,
+        runs=runs, memory=memory, notes=notes + baselines.notes,
+    )
+
+
+def _encode_fitting(engine, prompt_set, max_new_tokens: int) -> tuple[list[dict], list[list[int]], list[str]]:
+    """Token ids of the prompts that fit the engine's max_seq_len with the generation."""
+    room = engine.max_seq_len - max_new_tokens
+    prompts, ids, too_long = [], [], 0
+    for prompt in prompt_set.prompts:
+        tokens = engine.encode(prompt.text)
+        if len(tokens) > room:
+            too_long += 1
+            continue
+        prompts.append({"index": len(ids), "category": prompt.category, "prompt_tokens": len(tokens),
+                        "preview": prompt.text[:80]})
+        ids.append(tokens)
+    if not ids:
+        raise UsageError(f"no prompt of {prompt_set.name!r} fits: each needs at most {room} tokens so that "
+                         f"{max_new_tokens} new tokens fit the engine's max_seq_len {engine.max_seq_len}; "
+                         f"lower --max-new-tokens or recompile with a larger --max-seq-len")
+    notes = [f"{too_long} prompt(s) skipped: longer than {room} tokens (max_seq_len {engine.max_seq_len} "
+             f"minus {max_new_tokens} new tokens)"] if too_long else []
+    return prompts, ids, notes
+
+
+def _quiet_transformers() -> None:
+    """Loading bars for every model load would bury the benchmark's own progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

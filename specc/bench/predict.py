@@ -1,0 +1,124 @@
+"""Speedup predicted from measured acceptance and costs, to set beside the
+measured speedup over the compiled autoregressive engine.
+
+SWIFT eq. 6:  E = M·α / ((M − 1)·c + α), with c = draft cost per drafted
+token / target forward cost. (M − 1)/α is the drafted tokens per round, so
+the denominator is a round's cost in target forwards.
+
+S3D eq. 11–12:  τ(γ) = Σ_{n=1}^{γ+1} n · Π_{k<n} α_k · z_n, z_n = 1 − α_n for
+n ≤ γ and 1 for n = γ + 1;  IF = τ / (δ + β + 1), where α_k is the
+acceptance rate of the k-th draft token given the first k − 1 were accepted,
+β the draft cost per round and δ the other per-round overhead, both in
+target forwards. The paper's β is a parameter share of a one-pass drafter;
+here it is measured draft time, so the formula also covers drafters that run
+several steps. Unlike the measurement, it assumes verifying γ + 1 tokens
+costs one plain forward.
+"""
+
+from __future__ import annotations
+
+from specc.bench.statistics import ctar
+from specc.runtime.stats import GenerationStats
+
+# Method config fields that bound the draft tokens per round (γ). For a
+# drafter that may stop early, γ is the bound and an early stop counts as a
+# rejection in the α_k measured from CTAR, so τ still matches the rounds.
+DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "max_draft_tokens", "max_draft_steps", "draft_depth", "gamma",
+                      "num_speculative_tokens")
+
+
+def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float) -> float:
+    m, a, c = mean_accepted_length, acceptance_rate, cost_ratio
+    if m < 1 or not 0 < a <= 1 or c < 0:
+        raise ValueError(f"SWIFT eq. 6 needs M >= 1, 0 < α <= 1 and c >= 0; got M={m}, α={a}, c={c}")
+    return m * a / ((m - 1) * c + a)
+
+
+def s3d_tau(per_depth_acceptance: list[float]) -> float:
+    """Expected new tokens per round, τ(γ) with γ = len(per_depth_acceptance)."""
+    gamma = len(per_depth_acceptance)
+    tau, reach = 0.0, 1.0   # reach = Π_{k<n} α_k
+    for n in range(1, gamma + 2):
+        stop = 1.0 - per_depth_acceptance[n - 1] if n <= gamma else 1.0
+        tau += n * reach * stop
+        if n <= gamma:
+            reach *= per_depth_acceptance[n - 1]
+    return tau
+
+
+def s3d_improvement_factor(tau: float, overhead: float, draft_cost: float) -> float:
+    """IF = τ / (δ + β + 1)."""
+    return tau / (overhead + draft_cost + 1.0)
+
+
+def per_depth_acceptance(rounds: list[int], gamma: int) -> list[float]:
+    """α_k = CTAR(k) / CTAR(k − 1), CTAR(0) = 1: acceptance of draft token k
+    given tokens 1..k−1 were accepted (0 once nothing reaches depth k − 1)."""
+    rates, previous = [], 1.0
+    for k in range(1, gamma + 1):
+        current = ctar(rounds, k) or 0.0
+        rates.append(current / previous if previous > 0 else 0.0)
+        previous = current
+    return rates
+
+
+def draft_depth(method_config: dict) -> int | None:
+    for name in DRAFT_DEPTH_FIELDS:
+        value = method_config.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def target_forward_seconds(baseline_stats: list[GenerationStats]) -> float | None:
+    """Mean time of one single-token target forward, from the compiled
+    autoregressive engine's decode steps (prefill excluded)."""
+    steps = sum(s.target_forward_passes - 1 for s in baseline_stats)
+    seconds = sum(s.verify_seconds for s in baseline_stats)
+    return seconds / steps if steps > 0 and seconds > 0 else None
+
+
+def predict(engine_stats: list[GenerationStats], baseline_stats: list[GenerationStats], method_config: dict) -> dict:
+    """Both formulas' inputs and outputs, with a reason wherever one is not applicable."""
+    target = target_forward_seconds(baseline_stats)
+    drafted = sum(s.drafted_tokens for s in engine_stats)
+    accepted = sum(s.accepted_tokens for s in engine_stats)
+    new_tokens = sum(s.new_tokens for s in engine_stats)
+    forwards = sum(s.target_forward_passes for s in engine_stats)
+    draft_seconds = sum(s.draft_seconds for s in engine_stats)
+    result: dict = {"target_forward_seconds": target}
+    if target is None:
+        reason = "the compiled autoregressive baseline made no decode steps to time"
+        return result | {"swift_eq6": {"expected_speedup": None, "reason": reason},
+                         "s3d_eq12": {"improvement_factor": None, "reason": reason}}
+    if drafted == 0:
+        reason = "the engine drafted no tokens"
+        return result | {"swift_eq6": {"expected_speedup": None, "reason": reason},
+                         "s3d_eq12": {"improvement_factor": None, "reason": reason}}
+    m, alpha = new_tokens / forwards, accepted / drafted
+    c = draft_seconds / drafted / target
+    result["draft_seconds_per_drafted_token"] = draft_seconds / drafted
+    result["swift_eq6"] = (
+        {"expected_speedup": swift_expected_speedup(m, alpha, c), "M": m, "alpha": alpha, "c": c}
+        if alpha > 0 else
+        {"expected_speedup": None, "M": m, "alpha": alpha, "c": c,
+         "reason": "no draft token was accepted (α = 0), where eq. 6 is undefined"}
+    )
+    result["s3d_eq12"] = _s3d(engine_stats, method_config, target)
+    return result
+
+
+def _s3d(engine_stats: list[GenerationStats], method_config: dict, target: float) -> dict:
+    gamma = draft_depth(method_config)
+    if gamma is None:
+        return {"improvement_factor": None,
+                "reason": f"the method config names no fixed draft depth ({', '.join(DRAFT_DEPTH_FIELDS)})"}
+    rounds = [a for s in engine_stats for a in s.accepted_per_round]
+    steps = sum(s.target_forward_passes - 1 for s in engine_stats)
+    overhead = sum(s.wall_seconds - s.prefill_seconds - s.draft_seconds - s.verify_seconds for s in engine_stats)
+    alphas = per_depth_acceptance(rounds, gamma)
+    tau = s3d_tau(alphas)
+    beta = sum(s.draft_seconds for s in engine_stats) / len(rounds) / target
+    delta = max(0.0, overhead) / steps / target
+    return {"improvement_factor": s3d_improvement_factor(tau, delta, beta), "tau": tau, "gamma": gamma,
+            "beta": beta, "delta": delta, "per_depth_acceptance": alphas}

@@ -1,0 +1,169 @@
+"""Prompt sets for `specc bench`, all available without a network.
+
+Named sets:
+  code        held-out code prefixes (`specc.refmodels.corpus.heldout_prompts`,
+              or a stdlib sampler until that module exists)
+  text        held-out prose prefixes (needs `specc.refmodels.corpus`)
+  spec_bench  Spec-Bench questions, grouped by their `category` field
+  gsm8k       GSM8K test questions
+Anything else is a file: JSONL with "prompt", "text" or "turns" (the first
+turn is used) and an optional "category", or plain text with one prompt
+per blank-line-separated block.
+
+Sets with several categories are ordered round-robin across categories, so
+`--num-prompts N` (the first N) covers every category.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from itertools import chain, zip_longest
+from pathlib import Path
+
+from specc.errors import UsageError
+
+DEFAULT_GENERATED_PROMPTS = 16
+CODE_PROMPT_CHARS = 512
+TEXT_PROMPT_CHARS = 512
+SHARED_DATA_ENV = "SPECC_SHARED_DATA"
+_SHARED_FILES = {"spec_bench": ("spec_bench", "question.jsonl"), "gsm8k": ("gsm8k", "test.jsonl")}
+_TEXT_FIELDS = ("prompt", "text", "turns")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    category: str
+
+
+@dataclass
+class PromptSet:
+    name: str
+    prompts: list[Prompt]
+    source: str                      # where the prompts came from, for the report
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def categories(self) -> list[str]:
+        return list(dict.fromkeys(p.category for p in self.prompts))
+
+
+def shared_data_dir() -> Path:
+    """`../shared/data` beside the checkout, or `$SPECC_SHARED_DATA`."""
+    override = os.environ.get(SHARED_DATA_ENV)
+    if override:
+        return Path(override)
+    import specc
+
+    return Path(specc.__file__).resolve().parents[2] / "shared" / "data"
+
+
+def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
+    """The prompt set named `spec` (or read from the file `spec`), first `limit` prompts."""
+    if limit is not None and limit < 1:
+        raise UsageError(f"--num-prompts {limit} must be at least 1")
+    if spec in ("code", "text"):
+        prompt_set = _generated_set(spec, limit or DEFAULT_GENERATED_PROMPTS)
+    elif spec in _SHARED_FILES:
+        prompt_set = _shared_set(spec)
+    elif Path(spec).is_file():
+        prompt_set = _file_set(Path(spec))
+    else:
+        raise UsageError(f"--prompts {spec!r} is neither a prompt set ({', '.join(['code', 'text', *_SHARED_FILES])}) "
+                         f"nor an existing file")
+    if not prompt_set.prompts:
+        raise UsageError(f"prompt set {spec!r} ({prompt_set.source}) holds no prompts")
+    prompt_set.prompts = interleave_categories(prompt_set.prompts)[:limit]
+    return prompt_set
+
+
+def interleave_categories(prompts: list[Prompt]) -> list[Prompt]:
+    """Round-robin across categories (first-seen order), keeping order within each."""
+    groups: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.category, []).append(prompt)
+    return [p for p in chain.from_iterable(zip_longest(*groups.values())) if p is not None]
+
+
+def _generated_set(kind: str, n: int) -> PromptSet:
+    chars = CODE_PROMPT_CHARS if kind == "code" else TEXT_PROMPT_CHARS
+    heldout = _heldout_prompts_function()
+    if heldout is not None:
+        texts = heldout(kind, n, chars)
+        short = [f"the held-out {kind} split yields only {len(texts)} of the {n} prompts asked for"]
+        return PromptSet(kind, [Prompt(t, kind) for t in texts],
+                         f"specc.refmodels.corpus.heldout_prompts({kind!r}, {n}, {chars})",
+                         short if len(texts) < n else [])
+    if kind == "text":
+        raise UsageError("the 'text' prompt set needs specc.refmodels.corpus, which is not installed; "
+                         "use --prompts code, spec_bench, gsm8k or a file")
+    from specc.bench.stdlib_prompts import stdlib_code_prompts
+
+    return PromptSet(kind, [Prompt(t, kind) for t in stdlib_code_prompts(n, chars)],
+                     f"stdlib code prefixes ({n} x {chars} chars)",
+                     ["code prompts come from the stdlib fallback sampler, not the reference models' "
+                      "held-out split; a reference model may have trained on them"])
+
+
+def _heldout_prompts_function():
+    try:
+        from specc.refmodels.corpus import heldout_prompts
+    except ImportError as exc:
+        # Only the module's absence means "not written yet"; a broken module must surface.
+        if exc.name in ("specc.refmodels", "specc.refmodels.corpus") or "heldout_prompts" in str(exc):
+            return None
+        raise
+    return heldout_prompts
+
+
+def _shared_set(name: str) -> PromptSet:
+    folder, file_name = _SHARED_FILES[name]
+    path = shared_data_dir() / folder / file_name
+    if not path.is_file():
+        raise UsageError(f"prompt set {name!r} needs {path}, which does not exist; put the file there, "
+                         f"point ${SHARED_DATA_ENV} at the folder holding {folder}/{file_name}, "
+                         f"or use --prompts code")
+    records = _read_jsonl(path)
+    if name == "gsm8k":
+        prompts = [Prompt(_field(r, ("question",), path, i), "gsm8k") for i, r in enumerate(records)]
+    else:
+        prompts = [Prompt(_field(r, ("turns",), path, i), str(r.get("category", "spec_bench")))
+                   for i, r in enumerate(records)]
+    return PromptSet(name, prompts, str(path))
+
+
+def _file_set(path: Path) -> PromptSet:
+    if path.suffix == ".jsonl":
+        prompts = [Prompt(_field(r, _TEXT_FIELDS, path, i), str(r.get("category", path.stem)))
+                   for i, r in enumerate(_read_jsonl(path))]
+    else:
+        blocks = path.read_text(encoding="utf-8").split("\n\n")
+        prompts = [Prompt(b.strip("\n"), path.stem) for b in blocks if b.strip()]
+    return PromptSet(path.stem, prompts, str(path))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{number} is not valid JSON ({exc.msg}); write one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise UsageError(f"{path}:{number} is a JSON {type(record).__name__}, not an object")
+        records.append(record)
+    return records
+
+
+def _field(record: dict, names: tuple[str, ...], path: Path, index: int) -> str:
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, str) and value:
+            return value
+    raise UsageError(f"record {index + 1} of {path} has no non-empty {' / '.join(repr(n) for n in names)} field")

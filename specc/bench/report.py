@@ -1,0 +1,111 @@
+"""The benchmark document as text: a table per category and overall, the
+prediction beside the measurement, memory, and a loud banner when a
+lossless engine's output differs from Hugging Face greedy decoding."""
+
+from __future__ import annotations
+
+from specc.bench.systems import ENGINE
+
+
+def format_report(doc: dict) -> str:
+    engine, settings, model = doc["engine"], doc["settings"], doc["model"]
+    lines = [
+        f"specc bench: {engine['path']} — method {engine['method']} ({engine['backend']}, {engine['dtype']}, "
+        f"{'lossless' if engine['lossless'] else 'lossy'})",
+        f"model {model['model_type']} {model['parameters'] / 1e6:.2f}M params ({model['checkpoint']}); "
+        f"prompts {settings['prompt_set']} x{settings['num_prompts']}; {settings['max_new_tokens']} new tokens; "
+        f"{settings['repeats']} repeat(s) after 1 warm-up per system; greedy, batch 1",
+    ]
+    labels = {s["name"]: s["label"] for s in doc["systems"]}
+    if len(doc["categories"]) > 1:
+        for name, group in doc["categories"].items():
+            lines += [""] + _group_lines(name, group, labels, engine["method"], brief=True)
+    lines += [""] + _group_lines("overall", doc["overall"], labels, engine["method"], brief=False)
+    lines += [""] + _memory_lines(doc["memory"], labels)
+    lines += [f"note: {note}" for note in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def identity_banner(doc: dict) -> str | None:
+    if not doc["identity_flag"]:
+        return None
+    identity = doc["identity"]
+    rule = "!" * 78
+    shown = ", ".join(f"#{m['prompt_index']} (first difference at token {m['first_difference']})"
+                      for m in identity["mismatches"][:8])
+    return "\n".join([
+        rule,
+        f"!! LOSSLESS CHECK FAILED: method {doc['engine']['method']} is lossless, but its output matches",
+        f"!! HF greedy on only {identity['identical']}/{identity['total']} prompts ({identity['share']:.1%}).",
+        f"!! differing prompts: {shown}",
+        "!! Compare with the specc-none identity figure: if it also differs, the compiled graph's",
+        "!! numerics differ from HF; if not, the speculative method changed the output.",
+        rule,
+    ]) + "\n"
+
+
+def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool) -> list[str]:
+    lines = [f"== {name} ({group['prompts']} prompts) ==",
+             f"  {'system':<30} {'tok/s median [min-max]':<26} {'engine speedup over it':<24} identical to HF"]
+    for system, entry in group["systems"].items():
+        speed = _spread(entry["tokens_per_second"], "{:.1f}")
+        over = _spread(group["speedup"][system], "{:.2f}x") if system in group["speedup"] else "—"
+        same = entry.get("identity_vs_hf_greedy")
+        same_text = f"{same['identical']}/{same['total']}" if same else "(reference)"
+        lines.append(f"  {labels[system]:<30} {speed:<26} {over:<24} {same_text}")
+    engine = group["systems"][ENGINE]
+    if "acceptance" in engine:
+        lines.append("  " + _acceptance_line(engine["acceptance"]))
+        lines.append("  " + _split_line(engine["time_split"]))
+    if not brief:
+        lines += ["  " + line for line in _prediction_lines(group["prediction"])]
+    return lines
+
+
+def _acceptance_line(acc: dict) -> str:
+    m = acc["mean_accepted_length"]
+    alpha = acc["acceptance_rate"]
+    ctar = " ".join("—" if v is None else f"{v:.2f}" for v in acc["ctar"].values())
+    return (f"M {m:.2f} (bonus token counted)  α {'n/a' if alpha is None else f'{alpha:.3f}'}  "
+            f"CTAR(1..6) {ctar}  [{acc['draft_rounds']} draft rounds]")
+
+
+def _split_line(split: dict) -> str:
+    parts = "  ".join(f"{k} {'—' if v is None else f'{v:.0%}'}" for k, v in split["share"].items())
+    return f"time: {parts}  (of {split['seconds']['wall']:.2f}s generating)"
+
+
+def _prediction_lines(prediction: dict) -> list[str]:
+    measured = prediction["measured"]
+    decode = measured["decode_speedup_over_specc_none"]
+    lines = [f"measured over specc none: {measured['speedup_over_specc_none']:.2f}x end to end, "
+             + ("n/a" if decode is None else f"{decode:.2f}x") + " after prefill (medians over repeats)"]
+    swift, s3d = prediction["swift_eq6"], prediction["s3d_eq12"]
+    if swift["expected_speedup"] is not None:
+        lines.append(f"predicted, SWIFT eq. 6: {swift['expected_speedup']:.2f}x  "
+                     f"(M {swift['M']:.2f}, α {swift['alpha']:.3f}, c {swift['c']:.3f})")
+    else:
+        lines.append(f"predicted, SWIFT eq. 6: n/a ({swift['reason']})")
+    if s3d["improvement_factor"] is not None:
+        lines.append(f"predicted, S3D eq. 12:  {s3d['improvement_factor']:.2f}x  "
+                     f"(τ {s3d['tau']:.2f} for γ {s3d['gamma']}, β {s3d['beta']:.3f}, δ {s3d['delta']:.3f})")
+    else:
+        lines.append(f"predicted, S3D eq. 12:  n/a ({s3d['reason']})")
+    return lines
+
+
+def _memory_lines(memory: dict, labels: dict) -> list[str]:
+    lines = [f"memory ({memory['method']}); process peak {_mib(memory['process_peak_rss_bytes'])}:"]
+    for name, entry in memory["systems"].items():
+        lines.append(f"  {labels[name]:<30} weights {_mib(entry['weights_bytes']):>10}   "
+                     f"peak RSS {_mib(entry['peak_rss_bytes']):>10}   growth during a run "
+                     f"{_mib(entry['peak_growth_bytes']):>10}")
+    return lines
+
+
+def _spread(spread: dict, fmt: str) -> str:
+    return f"{fmt.format(spread['median'])} [{fmt.format(spread['min'])}-{fmt.format(spread['max'])}]"
+
+
+def _mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"

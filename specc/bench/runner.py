@@ -1,0 +1,69 @@
+"""Run every system on every prompt, interleaved, after one warm-up each.
+
+Within a repeat, each prompt is run by all systems back to back, in an order
+rotated per prompt and repeat, so slow drifts of the machine (heat, other
+load) spread over all systems instead of landing on one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from specc.bench.memory import MemoryProbe
+from specc.bench.systems import System
+from specc.runtime.stats import GenerationStats
+
+
+@dataclass
+class Run:
+    system: str
+    prompt_index: int
+    repeat: int
+    seconds: float
+    token_ids: list[int]
+    stats: GenerationStats | None
+    rss_before_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        return {"system": self.system, "prompt_index": self.prompt_index, "repeat": self.repeat,
+                "seconds": round(self.seconds, 6), "new_tokens": len(self.token_ids),
+                "tokens_per_second": round(len(self.token_ids) / self.seconds, 3) if self.seconds > 0 else None,
+                "rss_before_bytes": self.rss_before_bytes, "peak_rss_bytes": self.peak_rss_bytes,
+                "stats": self.stats.to_json() if self.stats is not None else None}
+
+
+def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: int, memory: MemoryProbe,
+                    show_progress: bool = True) -> list[Run]:
+    from tqdm import tqdm
+
+    total = len(systems) * (1 + repeats * len(prompts))
+    runs: list[Run] = []
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not show_progress,
+              leave=False) as progress:
+        for system in systems:
+            progress.set_postfix_str(f"warm-up {system.name}")
+            system.generate(prompts[0])
+            progress.update()
+        for repeat in range(repeats):
+            for index, prompt_ids in enumerate(prompts):
+                for system in _rotated(systems, repeat + index):
+                    progress.set_postfix_str(f"repeat {repeat + 1}/{repeats} {system.name}")
+                    runs.append(timed_run(system, prompt_ids, index, repeat, memory))
+                    progress.update()
+    return runs
+
+
+def timed_run(system: System, prompt_ids: list[int], index: int, repeat: int, memory: MemoryProbe) -> Run:
+    rss_before = memory.start()
+    start = time.perf_counter()
+    token_ids, stats = system.generate(prompt_ids)
+    seconds = time.perf_counter() - start
+    return Run(system.name, index, repeat, seconds, token_ids, stats, rss_before, memory.peak())
+
+
+def _rotated(items: list, shift: int) -> list:
+    shift %= len(items)
+    return items[shift:] + items[:shift]

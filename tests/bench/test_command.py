@@ -1,0 +1,55 @@
+"""`specc bench` end to end on a tiny engine: a smoke run, not a measurement."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from specc.cli.main import main
+from specc.compiler import CompileRequest, compile_engine
+
+
+@pytest.fixture(scope="module")
+def draft_engine(checkpoints, tmp_path_factory):
+    target, draft = checkpoints("llama")
+    output = tmp_path_factory.mktemp("bench") / "engine"
+    compile_engine(CompileRequest(model=str(target), method="draft-model", output=output, max_seq_len=64,
+                                  draft_model=str(draft)))
+    return output
+
+
+def test_bench_smoke_writes_json_and_png(draft_engine, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w12 w40 w41", "category": "a"}\n'
+                       '{"prompt": "w7 w7 w8", "category": "b"}\n'
+                       '{"prompt": "w9", "category": "a"}\n')
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = main(["bench", str(draft_engine), "--prompts", str(prompts), "--num-prompts", "2",
+                 "--max-new-tokens", "6", "--repeats", "1", "--json", str(out_json), "--plot", str(out_png)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "== overall (2 prompts) ==" in captured.out and "specc draft-model" in captured.out
+    doc = json.loads(out_json.read_text())
+    assert doc["engine"]["method"] == "draft-model" and doc["settings"]["num_prompts"] == 2
+    assert {s["name"] for s in doc["systems"]} == {"hf-greedy", "hf-prompt-lookup", "hf-assisted", "specc-none",
+                                                   "engine"}
+    assert set(doc["categories"]) == {"a", "b"}
+    assert doc["identity"]["total"] == 2 and doc["identity_flag"] is False   # draft-model is lossless
+    assert doc["overall"]["systems"]["specc-none"]["identity_vs_hf_greedy"]["share"] == 1.0
+    assert len(doc["runs"]) == 2 * 5
+    assert any("repeat" in note for note in doc["notes"])    # one repeat gives no spread: said so
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_says_when_the_source_checkpoint_is_gone(checkpoints, tmp_path, capsys):
+    target, _ = checkpoints("llama")
+    copy = shutil.copytree(target, tmp_path / "checkpoint")
+    engine = tmp_path / "engine"
+    compile_engine(CompileRequest(model=str(copy), method="none", output=engine, max_seq_len=32))
+    shutil.rmtree(copy)
+    code = main(["bench", str(engine), "--prompts", "code", "--num-prompts", "1", "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "source checkpoint" in err and str(copy) in err

@@ -1,0 +1,123 @@
+"""The benchmark document's schema, the identity flag, the report and the chart,
+from interleaved runs of fake systems (no models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specc.bench.document import SCHEMA, build_document
+from specc.bench.memory import MemoryProbe
+from specc.bench.plot import write_chart
+from specc.bench.report import format_report, identity_banner
+from specc.bench.runner import run_interleaved
+from specc.bench.systems import ENGINE, HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE, System
+from specc.runtime.stats import GenerationStats
+
+PROMPTS = [[1, 5, 6], [1, 7], [1, 8, 9, 10]]
+CATEGORIES = ["code", "math", "code"]
+
+
+def _greedy(prompt_ids):
+    return [(t * 7) % 50 + 4 for t in prompt_ids] + [11, 12, 13]
+
+
+def _plain(prompt_ids):
+    out = _greedy(prompt_ids)
+    return out, GenerationStats(new_tokens=len(out), target_forward_passes=len(out), verify_seconds=1e-3 * len(out),
+                                prefill_seconds=1e-3, wall_seconds=2e-3 * len(out))
+
+
+def _speculative(corrupt_prompt: int | None):
+    def generate(prompt_ids):
+        out = _greedy(prompt_ids)
+        if corrupt_prompt is not None and prompt_ids == PROMPTS[corrupt_prompt]:
+            out = out[:2] + [99] + out[3:]
+        rounds = [2, 1, 0]
+        stats = GenerationStats(new_tokens=len(out), target_forward_passes=len(out) - sum(rounds),
+                                drafted_tokens=6, accepted_tokens=sum(rounds), accepted_per_round=rounds,
+                                draft_seconds=1e-3, verify_seconds=1e-3, prefill_seconds=1e-3, wall_seconds=4e-3)
+        return out, stats
+    return generate
+
+
+def _document(corrupt_prompt=None, lossless=True):
+    systems = [
+        System(HF_GREEDY, "HF generate, greedy", "baseline", lambda ids: (_greedy(ids), None), 100),
+        System(HF_PROMPT_LOOKUP, "HF prompt lookup (10)", "baseline", lambda ids: (_greedy(ids), None), 100),
+        System(SPECC_NONE, "specc none", "baseline", _plain, 100),
+        System(ENGINE, "specc fake", "engine", _speculative(corrupt_prompt), 120),
+    ]
+    memory = MemoryProbe()
+    runs = run_interleaved(systems, PROMPTS, repeats=3, memory=memory, show_progress=False)
+    prompts = [{"index": i, "category": c, "prompt_tokens": len(p), "preview": "x"}
+               for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))]
+    manifest = {"method": "fake", "method_config": {"num_draft_tokens": 2}, "lossless": lossless,
+                "backend": "eager", "dtype": "float32", "max_seq_len": 64, "graphs": {"target": {}}}
+    return build_document(
+        engine_manifest=manifest, engine_path="/engines/fake", machine={"cpu_count": 2}, versions={"torch": "x"},
+        model_info={"checkpoint": "/ckpt", "model_type": "llama", "parameters": 1000},
+        settings={"prompt_set": "test", "num_prompts": 3, "max_new_tokens": 8, "repeats": 3},
+        prompts=prompts, systems=systems, runs=runs, memory=memory, notes=["a note"],
+    )
+
+
+def test_runs_are_interleaved_with_one_warm_up_each():
+    calls = []
+    systems = [System(name, name, "baseline", lambda ids, n=name: calls.append(n) or ([4], None), 0)
+               for name in ("a", "b")]
+    runs = run_interleaved(systems, [[1], [2]], repeats=2, memory=MemoryProbe(), show_progress=False)
+    assert calls[:2] == ["a", "b"]                        # warm-ups, not recorded
+    assert len(runs) == 8 and calls[2:] == ["a", "b", "b", "a", "b", "a", "a", "b"]
+    assert [(r.repeat, r.prompt_index) for r in runs[:4]] == [(0, 0), (0, 0), (0, 1), (0, 1)]
+
+
+def test_document_schema():
+    doc = _document()
+    assert doc["schema"] == SCHEMA
+    assert set(doc) >= {"machine", "versions", "model", "engine", "settings", "notes", "prompts", "systems",
+                        "overall", "categories", "memory", "identity", "identity_flag", "runs"}
+    assert set(doc["categories"]) == {"code", "math"} and doc["categories"]["code"]["prompts"] == 2
+    overall = doc["overall"]
+    assert set(overall["speedup"]) == {HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE}
+    for spread in overall["speedup"].values():
+        assert set(spread) == {"median", "min", "max", "n"} and spread["n"] == 3
+        assert spread["min"] <= spread["median"] <= spread["max"]
+    engine = overall["systems"][ENGINE]
+    assert engine["acceptance"]["mean_accepted_length"] == pytest.approx(6 / 3)   # every prompt: 6 new, 3 forwards
+    assert engine["acceptance"]["acceptance_rate"] == pytest.approx(0.5)
+    assert engine["acceptance"]["ctar"]["1"] == pytest.approx(2 / 3)
+    assert set(engine["time_split"]["share"]) == {"draft", "verify", "prefill", "other"}
+    assert set(overall["prediction"]) >= {"swift_eq6", "s3d_eq12", "measured", "target_forward_seconds"}
+    assert set(doc["memory"]["systems"]) == {HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE, ENGINE}
+    assert len(doc["runs"]) == 3 * 3 * 4
+    assert doc["identity"]["share"] == 1.0 and doc["identity_flag"] is False
+    json.dumps(doc)   # every figure is plain JSON
+
+
+def test_a_lossless_engine_that_differs_is_flagged():
+    doc = _document(corrupt_prompt=1)
+    assert doc["identity_flag"] is True
+    assert doc["identity"]["mismatches"] == [{"prompt_index": 1, "first_difference": 2}]
+    assert doc["categories"]["math"]["systems"][ENGINE]["identity_vs_hf_greedy"]["share"] == 0.0
+    banner = identity_banner(doc)
+    assert "LOSSLESS CHECK FAILED" in banner and "2/3" in banner and "#1" in banner
+    assert identity_banner(_document()) is None
+
+
+def test_a_lossy_engine_is_not_flagged():
+    doc = _document(corrupt_prompt=1, lossless=False)
+    assert doc["identity_flag"] is False and doc["identity"]["share"] == pytest.approx(2 / 3)
+
+
+def test_report_and_chart(tmp_path):
+    doc = _document()
+    text = format_report(doc)
+    for expected in ("== code (2 prompts) ==", "== overall (3 prompts) ==", "HF generate, greedy", "CTAR(1..6)",
+                     "predicted, SWIFT eq. 6", "predicted, S3D eq. 12", "measured over specc none",
+                     "memory (", "note: a note"):
+        assert expected in text
+    chart = tmp_path / "chart.png"
+    write_chart(doc, chart)
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

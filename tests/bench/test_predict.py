@@ -1,0 +1,69 @@
+"""SWIFT eq. 6 and S3D eq. 11-12 against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from specc.bench.predict import (draft_depth, per_depth_acceptance, predict, s3d_improvement_factor, s3d_tau,
+                                 swift_expected_speedup)
+from specc.runtime.stats import GenerationStats
+
+
+def test_swift_eq6_hand_values():
+    # 3 * 0.8 / (2 * 0.5 + 0.8) = 2.4 / 1.8
+    assert swift_expected_speedup(3.0, 0.8, 0.5) == pytest.approx(4 / 3)
+    assert swift_expected_speedup(5.0, 1.0, 0.0) == pytest.approx(5.0)     # free drafts: E = M
+    assert swift_expected_speedup(1.0, 0.5, 0.3) == pytest.approx(1.0)     # nothing gained, nothing lost
+    with pytest.raises(ValueError):
+        swift_expected_speedup(2.0, 0.0, 0.5)
+
+
+def test_s3d_tau_hand_values():
+    assert s3d_tau([0.6]) == pytest.approx(1.6)                 # 1 * 0.4 + 2 * 0.6
+    assert s3d_tau([0.8, 0.5]) == pytest.approx(2.2)            # 0.2 + 2 * 0.8 * 0.5 + 3 * 0.4
+    assert s3d_tau([1.0, 1.0, 1.0]) == pytest.approx(4.0)
+    assert s3d_tau([]) == pytest.approx(1.0)
+    assert s3d_improvement_factor(2.2, 0.1, 0.5) == pytest.approx(2.2 / 1.6)
+
+
+def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
+    rounds = [3, 2, 1, 2, 0]
+    alphas = per_depth_acceptance(rounds, 3)
+    assert alphas == pytest.approx([0.8, 0.75, 1 / 3])
+    assert s3d_tau(alphas) == pytest.approx(1 + sum(rounds) / len(rounds))
+    assert per_depth_acceptance([0, 0], 3) == [0.0, 0.0, 0.0]
+
+
+def test_draft_depth_from_method_config():
+    assert draft_depth({"num_draft_tokens": 4, "tree_width": 1}) == 4
+    assert draft_depth({"tree_width": 2}) is None
+
+
+def test_predict_combines_measured_costs():
+    # baseline: 10 decode steps in 1.0 s -> a target forward costs 0.1 s
+    baseline = [GenerationStats(new_tokens=11, target_forward_passes=11, verify_seconds=1.0)]
+    # engine: 8 drafted tokens in 0.4 s -> c = 0.05 / 0.1 = 0.5; M = 12 / 4 = 3; α = 6 / 8
+    engine = [GenerationStats(new_tokens=12, target_forward_passes=4, drafted_tokens=8, accepted_tokens=6,
+                              accepted_per_round=[2, 2, 2], draft_seconds=0.4, verify_seconds=0.3,
+                              prefill_seconds=0.1, wall_seconds=0.83)]
+    p = predict(engine, baseline, {"num_draft_tokens": 3})
+    assert p["target_forward_seconds"] == pytest.approx(0.1)
+    assert p["swift_eq6"]["c"] == pytest.approx(0.5)
+    assert p["swift_eq6"]["expected_speedup"] == pytest.approx(3 * 0.75 / (2 * 0.5 + 0.75))
+    s3d = p["s3d_eq12"]
+    assert s3d["gamma"] == 3 and s3d["tau"] == pytest.approx(3.0)
+    assert s3d["beta"] == pytest.approx(0.4 / 3 / 0.1)
+    assert s3d["delta"] == pytest.approx(0.03 / 3 / 0.1)
+    assert s3d["improvement_factor"] == pytest.approx(3.0 / (0.1 + 4 / 3 + 1))
+
+
+def test_predict_says_why_a_formula_does_not_apply():
+    baseline = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
+    plain = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
+    p = predict(plain, baseline, {})
+    assert p["swift_eq6"]["expected_speedup"] is None and "drafted no tokens" in p["swift_eq6"]["reason"]
+    rejected = [GenerationStats(new_tokens=3, target_forward_passes=3, drafted_tokens=4, accepted_tokens=0,
+                                accepted_per_round=[0, 0], draft_seconds=0.1, wall_seconds=1.0)]
+    p = predict(rejected, baseline, {})
+    assert p["swift_eq6"]["expected_speedup"] is None and "α = 0" in p["swift_eq6"]["reason"]
+    assert p["s3d_eq12"]["improvement_factor"] is None and "draft depth" in p["s3d_eq12"]["reason"]

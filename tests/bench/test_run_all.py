@@ -1,0 +1,82 @@
+"""benchmarks/run_all.py: the markdown table, the README section, the draft check."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from specc.testing import build_tiny_checkpoint
+
+RUN_ALL = Path(__file__).resolve().parents[2] / "benchmarks" / "run_all.py"
+
+
+@pytest.fixture(scope="module")
+def run_all():
+    spec = importlib.util.spec_from_file_location("run_all", RUN_ALL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(identical=3, flag=False):
+    spread = {"median": 1.5, "min": 1.4, "max": 1.6, "n": 3}
+    return {
+        "engine": {"lossless": True},
+        "systems": [{"name": "hf-greedy", "label": "HF generate, greedy"},
+                    {"name": "specc-none", "label": "specc none"}, {"name": "engine", "label": "specc x"}],
+        "identity": {"identical": identical, "total": 3}, "identity_flag": flag,
+        "overall": {
+            "systems": {"hf-greedy": {"tokens_per_second": {"median": 10.0}},
+                        "specc-none": {"tokens_per_second": {"median": 12.0}},
+                        "engine": {"tokens_per_second": {"median": 18.0},
+                                   "acceptance": {"mean_accepted_length": 2.5, "acceptance_rate": 0.75}}},
+            "speedup": {"hf-greedy": spread, "specc-none": spread},
+            "prediction": {"swift_eq6": {"expected_speedup": 1.7}},
+        },
+    }
+
+
+def _suite():
+    return {"device": "cpu-test", "model_spec": "tiny",
+            "settings": {"prompts": "code", "num_prompts": 4, "max_new_tokens": 32, "repeats": 3,
+                         "backend": "eager", "quick": True},
+            "methods": {"draft-model": {"status": "skipped", "note": "no usable draft model: sizes differ"},
+                        "good": {"status": "ok", "note": None, "bench": _bench()},
+                        "bad": {"status": "ok", "note": None, "bench": _bench(identical=2, flag=True)}}}
+
+
+def test_markdown_table(run_all):
+    table = run_all.markdown_table(_suite())
+    row = "| `good` | yes | 18.0 | 1.50× (1.40–1.60) | 1.50× (1.40–1.60) | — | — | 2.50 | 0.75 | 3/3 | 1.70× |"
+    assert row in table
+    assert "| 2/3 ⚠ |" in table
+    assert "- `draft-model` skipped: no usable draft model: sizes differ" in table
+    assert "--quick" in table and "HF generate, greedy 10.0" in table
+
+
+def test_readme_section_is_replaced_only_between_markers(run_all, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:begin -->\nold table\n<!-- bench:end -->\noutro\n")
+    assert run_all.update_readme(readme, "| new |\n")
+    assert readme.read_text() == "intro\n<!-- bench:begin -->\n| new |\n<!-- bench:end -->\noutro\n"
+    readme.write_text("no markers here\n")
+    assert not run_all.update_readme(readme, "| new |\n")
+    assert readme.read_text() == "no markers here\n"
+    assert not run_all.update_readme(tmp_path / "missing.md", "x")
+
+
+def test_draft_vocabulary_check(run_all, tmp_path):
+    a = build_tiny_checkpoint("llama", tmp_path / "a", num_hidden_layers=1)
+    b = build_tiny_checkpoint("llama", tmp_path / "b", seed=1, num_hidden_layers=1)
+    c = build_tiny_checkpoint("llama", tmp_path / "c", num_hidden_layers=1, vocab_size=80)
+    assert run_all.vocabulary_mismatch(a, b) is None
+    assert "vocabulary sizes differ" in run_all.vocabulary_mismatch(a, c)
+
+
+def test_quick_defaults(run_all):
+    args = run_all.parse_args(["--quick"])
+    assert (args.model_spec, args.num_prompts, args.max_new_tokens) == ("tiny", 4, 32)
+    args = run_all.parse_args([])
+    assert (args.model_spec, args.num_prompts, args.max_new_tokens) == ("small", 16, 64)
