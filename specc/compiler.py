@@ -46,6 +46,9 @@ def validate(request: CompileRequest):
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
+    if request.backend not in method.backends:
+        raise UsageError(f"method {method.name!r} does not support backend {request.backend!r} yet; "
+                         f"use one of: {', '.join(method.backends)}")
     settings = list(request.settings)
     if request.draft_model is not None:
         if not method.needs_draft_model:

@@ -74,10 +74,27 @@ def load_model(checkpoint: Path, dtype: str = "float32"):
     return model.eval()
 
 
-def load_tokenizer(checkpoint: Path):
-    from transformers import AutoTokenizer
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
+
+def load_tokenizer(checkpoint: Path):
+    """The checkpoint's tokenizer. A tokenizer saved as the generic
+    `tokenizers` backend is loaded as that class: AutoTokenizer would
+    otherwise rebuild it as the model family's own class (e.g.
+    Qwen2Tokenizer) and silently change how text is encoded."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    loader = AutoTokenizer
+    if _declared_tokenizer_class(checkpoint) in _GENERIC_TOKENIZER_CLASSES:
+        loader = PreTrainedTokenizerFast
     try:
-        return AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+        return loader.from_pretrained(checkpoint, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load a tokenizer from {checkpoint}: {exc}") from None
+
+
+def _declared_tokenizer_class(checkpoint: Path) -> str | None:
+    try:
+        return json.loads((checkpoint / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, json.JSONDecodeError):
+        return None

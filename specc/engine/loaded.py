@@ -10,15 +10,20 @@ import torch
 from safetensors.torch import load_file
 
 from specc.capture.families import ArchitectureSummary
+from specc.capture.load import load_tokenizer
 from specc.engine.format import BACKENDS
+from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import SpeccError, UsageError
 from specc.graph.serialize import graph_from_json
 from specc.lower.backends import load_aoti, lower_eager, lower_inductor
 from specc.methods.descriptor import get_method
+from specc.passes.insert_kv_cache import cache_input_names
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.generate import GenerationResult, generate
 from specc.runtime.sampling import SamplingConfig
+
+_DECODING_INPUTS = ("input_ids", "position_ids", "attn_mask", "cache_positions")
 
 
 class LoadedEngine:
@@ -33,9 +38,18 @@ class LoadedEngine:
         self.graph_modules = _load_graphs(path, manifest)
         self.forward_fns = {name: self._lower(name, gm) for name, gm in self.graph_modules.items()}
         self._cached: dict[str, CachedModel] = {}
-        self.compile_seconds = self._warm_up() if backend == "inductor" else 0.0
+        start = time.perf_counter()
+        if backend == "inductor":
+            self._warm_up()
+        # A method warms up, in make_drafter, the graphs only it knows how to call.
         self.drafter = self.method.make_drafter(self, self.config)
+        self.compile_seconds = time.perf_counter() - start if backend == "inductor" else 0.0
         self._tokenizer = None
+
+    @property
+    def method_state(self) -> dict:
+        """JSON state the method's compile-time step stored in the manifest (may be empty)."""
+        return self.manifest.get("method_state", {})
 
     def architecture(self, name: str) -> ArchitectureSummary:
         return ArchitectureSummary.from_json(self.manifest["graphs"][name]["architecture"])
@@ -49,12 +63,18 @@ class LoadedEngine:
                                              self.max_seq_len, self.dtype)
         return self._cached[name]
 
+    def register_model(self, name: str, model: CachedModel) -> None:
+        """Install a runtime model the method composed from several graphs (Kangaroo's
+        target runs `shallow` only where no exit state is stored, then `deep`);
+        `cached_model(name)` returns it from then on."""
+        if name in self._cached:
+            raise SpeccError(f"engine already has a runtime model {name!r}")
+        self._cached[name] = model
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer", trust_remote_code=False)
+            self._tokenizer = load_tokenizer(self.path / "tokenizer")
         return self._tokenizer
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,
@@ -81,16 +101,37 @@ class LoadedEngine:
                              f"this is torch {torch.__version__}; recompile the engine")
         return load_aoti(package)
 
-    def _warm_up(self) -> float:
-        """Trigger Inductor's compilations (prefill and single-token shapes) once."""
-        start = time.perf_counter()
+    def _warm_up(self) -> None:
+        """Trigger Inductor's compilations (prefill and single-token shapes) once, for
+        every graph that takes the plain decoding inputs."""
         with torch.inference_mode():
             for name in self.forward_fns:
+                if not self._takes_decoding_inputs(name):
+                    continue
                 model = self.cached_model(name)
-                model.extend(torch.zeros(3, dtype=torch.long), 0)
-                model.extend(torch.zeros(1, dtype=torch.long), 3)
+                chunk, start, step_at = _warm_up_shapes(self.max_seq_len)
+                model.extend(torch.zeros(chunk, dtype=torch.long), start)
+                model.extend(torch.zeros(1, dtype=torch.long), step_at)
                 model.forward_passes = 0
-        return time.perf_counter() - start
+
+    def _takes_decoding_inputs(self, name: str) -> bool:
+        """Inputs exactly `input_ids, position_ids, attn_mask, cache_positions` and the
+        k/v cache of each layer (no method-specific inputs such as exit states)."""
+        layers = self.architecture(name).num_layers
+        caches = [cache for layer in range(layers) for cache in cache_input_names(layer)]
+        return self.manifest["graphs"][name]["inputs"] == [*_DECODING_INPUTS, *caches]
+
+
+def _warm_up_shapes(max_seq_len: int) -> tuple[int, int, int]:
+    """(chunk length, chunk start, single-token slot) for the warm-up calls.
+
+    The chunk must not start at 0: Inductor would see q == kv_len and
+    specialize on that equality, recompiling at the first tree or step.
+    Odd primes avoid coinciding with model dimensions for the same reason.
+    """
+    if max_seq_len >= 20:
+        return 7, 6, 18
+    return 3, 2, 5
 
 
 def load_engine(path: str | Path, backend: str | None = None) -> LoadedEngine:
@@ -104,6 +145,8 @@ def load_engine(path: str | Path, backend: str | None = None) -> LoadedEngine:
 
 def _load_graphs(path: Path, manifest: dict) -> dict:
     weights: dict[str, dict[str, torch.Tensor]] = {}
+    # Parameters a method trained are stored once, beside the source weights they extend.
+    added = load_file(str(path / ADDED_WEIGHTS)) if ADDED_WEIGHTS in manifest["files"] else {}
     modules = {}
     for name, entry in manifest["graphs"].items():
         source = entry["source"]
@@ -111,7 +154,7 @@ def _load_graphs(path: Path, manifest: dict) -> dict:
             tensors = load_file(str(path / entry["weights"]))
             for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
                 tensors[alias] = tensors[original]
-            weights[source] = tensors
+            weights[source] = tensors | added
         graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
         modules[name] = graph_from_json(graph_json, weights[source])
     return modules

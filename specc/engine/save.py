@@ -18,6 +18,8 @@ from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes, graph_to_json
 from specc.program import SpeculativeProgram
 
+ADDED_WEIGHTS = "weights/added.safetensors"   # relative to the engine directory
+
 
 def check_output_dir(output: Path, force: bool) -> None:
     if output.exists() and not force:
@@ -72,10 +74,13 @@ def write_program(staging: Path, program: SpeculativeProgram, tokenizer) -> dict
 
 
 def _write_weights(directory: Path, program: SpeculativeProgram) -> dict[str, dict[str, str]]:
-    """One safetensors file per source model; tied tensors stored once, aliased."""
+    """One safetensors file per source model; tied tensors stored once, aliased.
+    Parameters the method added (and graphs read) go only to `added.safetensors`."""
     by_source: dict[str, dict[str, torch.Tensor]] = {}
     for graph in program.graphs.values():
-        by_source.setdefault(graph.source, {}).update(graph_attributes(graph.module))
+        attributes = graph_attributes(graph.module)
+        by_source.setdefault(graph.source, {}).update(
+            {name: t for name, t in attributes.items() if name not in program.added_weights})
     aliases: dict[str, dict[str, str]] = {}
     for source, tensors in by_source.items():
         unique, source_aliases = _dedupe(tensors)
@@ -83,7 +88,7 @@ def _write_weights(directory: Path, program: SpeculativeProgram) -> dict[str, di
         aliases[source] = source_aliases
     if program.added_weights:
         save_file({k: v.detach().contiguous() for k, v in program.added_weights.items()},
-                  str(directory / "added.safetensors"))
+                  str(directory.parent / ADDED_WEIGHTS))
     return aliases
 
 

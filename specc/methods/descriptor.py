@@ -38,7 +38,10 @@ class MethodDescriptor:
     make_drafter: Callable[["LoadedEngine", MethodConfig], "Drafter | None"]
     lossless: bool = True
     needs_draft_model: bool = False
-    train: Callable[["SpeculativeProgram", MethodConfig], dict] | None = None
+    backends: tuple[str, ...] = ("eager", "inductor", "aoti")
+    # train(program, config, tokenizer) -> trained weights by name, plus optionally a
+    # JSON-ready "method_state" entry (e.g. a searched skip set) stored in the manifest.
+    train: Callable[["SpeculativeProgram", MethodConfig, object], dict] | None = None
 
 
 _REGISTRY: dict[str, MethodDescriptor] = {}

@@ -126,3 +126,10 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "draft-model" in result.stdout
     bad = subprocess.run([sys.executable, "-m", "specc.cli.main", "compile"], capture_output=True, text=True)
     assert bad.returncode == 2
+
+
+def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, capsys):
+    root, checkpoint = workspace
+    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "kangaroo", "--backend", "aoti",
+                           "-o", str(root / "x"))
+    assert code == 2 and "does not support backend 'aoti'" in err and not (root / "x").exists()

@@ -1,0 +1,117 @@
+"""Method `kangaroo`: an adapter draft head on a shallow exit of the target (double early exit).
+
+Kangaroo (Liu et al., 2024) drafts with the target's first `l` layers plus
+a small trained adapter (input RMSNorm → one attention block with residual
+→ final RMSNorm → the target's own LM head), and stops drafting as soon as
+the adapter's top-1 probability drops below η. Verification runs only
+layers l..L-1 on the stored layer-l exits. Three graphs, all cut from the
+target by passes:
+
+- `shallow`: prologue + layers 0..l-1 → the exit hidden state;
+- `deep`: exit hidden state → layers l..L-1 → final norm → LM head;
+- `adapter`: exit hidden state → adapter → LM head, with its own KV cache.
+
+The adapter is trained inside `specc compile` (`kangaroo_train`), self-
+distilled from the frozen target. Beyond the reference code: lossless
+sampling (Leviathan for sampled chains, point-mass rejection for trees)
+and an optional tree (the adapter's top-k at low-confidence depths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specc.errors import UsageError
+from specc.methods.config import MethodConfig, option
+from specc.methods.descriptor import GraphRecipe, MethodDescriptor, register
+from specc.methods.infrastructure import infrastructure_passes
+from specc.passes.attach_adapter_head import AttachAdapterHead
+from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
+
+
+@dataclass(frozen=True)
+class KangarooConfig(MethodConfig):
+    exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
+                                "max(1, round(L/16)), the paper's 2 of 32")
+    max_draft_steps: int = option(6, "most tokens drafted per round (gamma)")
+    exit_threshold: float = option(0.6, "stop drafting after a token whose top-1 draft probability is "
+                                        "below this (eta); 0 drafts max_draft_steps every round")
+    tree_width: int = option(1, "candidates at a low-confidence depth: 1 drafts a chain; k > 1 adds the "
+                                "adapter's top-k there (a top-1 chain with sibling fans)")
+    tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is "
+                                        "below this (used only with tree_width > 1)")
+    train_steps: int = option(300, "adapter training steps at compile time, one sequence each "
+                                   "(0 keeps the initial adapter: copies of layer l's attention)")
+    learning_rate: float = option(1e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
+                                        "for far longer runs")
+    warmup_steps: int = option(30, "linear learning-rate warm-up steps, then cosine decay to zero")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    grad_clip: float = option(1.0, "clip the adapter's gradient norm to this")
+    train_seq_len: int = option(128, "tokens per training sequence")
+    eval_sequences: int = option(8, "held-out sequences for the acceptance estimate")
+    eval_every: int = option(50, "training steps between held-out acceptance estimates")
+    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; "
+                                          "default: Python stdlib source plus ../shared/data text if present")
+    seed: int = option(0, "seed for data order and initialisation; training is deterministic for a seed")
+
+    def __post_init__(self):
+        _check(self.exit_layer >= 0, f"exit_layer={self.exit_layer} must be 0 (automatic) or positive")
+        _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
+        _check(0.0 <= self.exit_threshold <= 1.0, f"exit_threshold={self.exit_threshold} must be in [0, 1]")
+        _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")
+        _check(0.0 <= self.tree_threshold <= 1.0, f"tree_threshold={self.tree_threshold} must be in [0, 1]")
+        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
+        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
+        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
+        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be 0 or more")
+        _check(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be positive")
+        _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
+        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
+        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
+
+
+def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
+    layer = config.exit_layer or None    # None: the pass scales the paper's 2 of 32 to the model
+    shallow = LayerExitConfig(layer, keep="shallow")
+    deep = LayerExitConfig(layer, keep="deep")
+    return {
+        "shallow": GraphRecipe("target", lambda c: infrastructure_passes() + [ExposeLayerExit(shallow)]),
+        "deep": GraphRecipe("target", lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
+        "adapter": GraphRecipe("target", lambda c: infrastructure_passes()
+                               + [ExposeLayerExit(deep), AttachAdapterHead()]),
+    }
+
+
+def _make_drafter(engine, config: KangarooConfig):
+    from specc.methods.kangaroo_runtime import build_runtime
+
+    target, drafter = build_runtime(engine.cached_model("shallow"), engine.forward_fns["deep"],
+                                    engine.forward_fns["adapter"], engine.max_seq_len, engine.dtype, config)
+    engine.register_model("target", target)
+    if engine.backend == "inductor":
+        drafter.warm_up(target)
+    return drafter
+
+
+def _train(program, config: KangarooConfig, tokenizer) -> dict:
+    from specc.methods.kangaroo_train import train_adapter
+
+    return train_adapter(program, config, tokenizer)
+
+
+register(MethodDescriptor(
+    name="kangaroo",
+    summary="self-speculation from a shallow exit of the target with a trained one-attention adapter "
+            "head; verification resumes at the exit (chain or top-k tree)",
+    config_class=KangarooConfig,
+    graphs=_graphs,
+    make_drafter=_make_drafter,
+    train=_train,
+    # deep/adapter graphs take method-specific inputs the AOTInductor packager does not build yet
+    backends=("eager", "inductor"),
+))

@@ -1,0 +1,1 @@
+"""Training added parameters at compile time, on the rewritten graphs themselves."""

@@ -1,0 +1,96 @@
+"""Token windows for compile-time training, from a user file or the built-in local corpus.
+
+`calib_data` is read like `specc bench --prompts`: a JSONL file ("prompt",
+"text" or "turns" fields), a text file (blank-line-separated blocks), or a
+named set (gsm8k, spec_bench). Its token stream's tail is held out.
+Without it, the built-in corpus is used: Python standard-library source and,
+where `../shared/data` exists, English text (`specc.refmodels.corpus`,
+whose held-out documents give the held-out windows; a missing source is
+skipped with a warning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import zip_longest
+
+import torch
+
+from specc.errors import UsageError
+
+_CHARS_PER_TOKEN = 6      # generous: real tokenizers average about 4 characters of English or code per token
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    train: list[torch.Tensor]     # each [seq_len] token ids
+    heldout: list[torch.Tensor]
+    source: str
+
+
+def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: int,
+                  heldout_count: int, seed: int) -> TokenWindows:
+    """Up to `train_count` training windows (fewer if the data is short: they are
+    then reused in order) and up to `heldout_count` held-out ones, shuffled by `seed`."""
+    if calib_data is not None:
+        train, heldout, source = _file_windows(tokenizer, calib_data, seq_len, heldout_count)
+    else:
+        train, heldout, source = _builtin_windows(tokenizer, seq_len, train_count, heldout_count)
+    if not train or not heldout:
+        raise UsageError(
+            f"the calibration data ({source}) gives {len(train)} training and {len(heldout)} held-out windows "
+            f"of {seq_len} tokens; pass more text with --set calib_data=FILE or lower train_seq_len"
+        )
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+    return TokenWindows([train[i] for i in order][:max(train_count, 1)], heldout[:heldout_count], source)
+
+
+def _file_windows(tokenizer, calib_data: str, seq_len: int, heldout_count: int):
+    from specc.bench.prompts import load_prompt_set
+
+    prompt_set = load_prompt_set(calib_data)
+    stream = _stream(tokenizer, (p.text for p in prompt_set.prompts))
+    windows = _windows(stream, seq_len)
+    held = min(heldout_count, len(windows) // 2)
+    return windows[:len(windows) - held], windows[len(windows) - held:], prompt_set.source
+
+
+def _builtin_windows(tokenizer, seq_len: int, train_count: int, heldout_count: int):
+    from specc.refmodels.corpus import load_corpus
+
+    kinds = [load_corpus(kind) for kind in ("code", "text")]
+    kinds = [corpus for corpus in kinds if corpus.train and corpus.heldout]
+    if not kinds:
+        raise UsageError("no built-in calibration text: the standard library sources and ../shared/data are "
+                         "both missing; pass --set calib_data=FILE")
+    train, heldout_by_kind = [], []
+    for corpus in kinds:
+        train_chars = (train_count // len(kinds) + 1) * seq_len * _CHARS_PER_TOKEN
+        train += _windows(_stream(tokenizer, (d.text for d in corpus.capped_train(train_chars))), seq_len)
+        heldout_chars = (heldout_count // len(kinds) + 1) * seq_len * _CHARS_PER_TOKEN
+        heldout_by_kind.append(_windows(_stream(tokenizer, _first_chars(corpus.heldout, heldout_chars)), seq_len))
+    # Alternate kinds so the first held-out windows cover code and text alike.
+    heldout = [w for group in zip_longest(*heldout_by_kind) for w in group if w is not None]
+    sources = " + ".join(f"built-in {c.kind} corpus ({len(c.train)} documents)" for c in kinds)
+    return train, heldout, sources
+
+
+def _first_chars(documents, max_chars: int) -> list[str]:
+    texts, total = [], 0
+    for doc in documents:
+        if total >= max_chars:
+            break
+        texts.append(doc.text[:max_chars - total])
+        total += len(texts[-1])
+    return texts
+
+
+def _stream(tokenizer, texts) -> list[int]:
+    stream: list[int] = []
+    for text in texts:
+        stream += tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return stream
+
+
+def _windows(stream: list[int], seq_len: int) -> list[torch.Tensor]:
+    return [torch.tensor(stream[i:i + seq_len]) for i in range(0, len(stream) - seq_len + 1, seq_len)]

@@ -1,0 +1,167 @@
+"""Self-distillation of added parameters from a frozen teacher: soft-label cross-entropy.
+
+The loss at each position is −Σ_v p_teacher(v) · log p_student(v), the
+paper's objective (Kangaroo eq. 3); its floor is the teacher's entropy, not
+zero. AdamW with linear warm-up then cosine decay, gradient-norm clipping,
+one example per step. Parameters that are not float32 are trained through
+float32 master copies. Deterministic for a fixed seed: the example order is
+drawn from it and nothing else is random.
+
+Progress is a tqdm bar with the running loss and the held-out top-1
+agreement between student and teacher, which is the share of draft tokens
+greedy verification would accept one step ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    steps: int
+    learning_rate: float
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eval_every: int = 50
+    seed: int = 0
+
+
+@dataclass
+class Evaluation:
+    step: int
+    loss: float          # held-out soft cross-entropy
+    acceptance: float    # held-out top-1 agreement with the teacher
+
+
+@dataclass
+class DistillReport:
+    steps: int
+    seconds: float
+    evaluations: list[Evaluation] = field(default_factory=list)
+    train_loss_first: float | None = None    # mean over the first tenth of the steps
+    train_loss_last: float | None = None     # mean over the last tenth
+
+    @property
+    def initial(self) -> Evaluation:
+        return self.evaluations[0]
+
+    @property
+    def final(self) -> Evaluation:
+        return self.evaluations[-1]
+
+    def to_json(self) -> dict:
+        return {
+            "steps": self.steps, "seconds": round(self.seconds, 3),
+            "train_loss_first": _round(self.train_loss_first), "train_loss_last": _round(self.train_loss_last),
+            "heldout": [{k: _round(v) for k, v in asdict(e).items()} for e in self.evaluations],
+        }
+
+    def summary(self) -> str:
+        return (f"{self.steps} steps in {self.seconds:.1f}s; held-out loss {self.initial.loss:.3f} → "
+                f"{self.final.loss:.3f}, top-1 acceptance {self.initial.acceptance:.3f} → "
+                f"{self.final.acceptance:.3f}")
+
+
+Teacher = Callable[[torch.Tensor], tuple[torch.Tensor, object]]   # example → (target probs [N, V], student input)
+Student = Callable[[object], torch.Tensor]                        # student input → logits [N, V]
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of −Σ p_teacher log softmax(student), in float32."""
+    log_q = torch.log_softmax(student_logits.float(), dim=-1)
+    return -(teacher_probs * log_q).sum(dim=-1).mean()
+
+
+def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parameter],
+            train_examples: list[torch.Tensor], heldout_examples: list[torch.Tensor], config: DistillConfig,
+            description: str = "distilling") -> DistillReport:
+    start = time.perf_counter()
+    for p in parameters:
+        p.requires_grad_(True)
+    masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True) for p in parameters]
+    optimizer = torch.optim.AdamW(masters, lr=config.learning_rate, betas=config.betas,
+                                  weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(config.warmup_steps, config.steps))
+    order = _example_order(len(train_examples), config.steps, config.seed)
+    report = DistillReport(steps=config.steps, seconds=0.0)
+    report.evaluations.append(evaluate(student, teacher, heldout_examples, step=0))
+    losses: list[float] = []
+    bar = tqdm(order, desc=description, unit="step", dynamic_ncols=True)
+    for step, index in enumerate(bar, start=1):
+        with torch.no_grad():
+            target, student_input = teacher(train_examples[index])
+        loss = soft_cross_entropy(student(student_input), target)
+        loss.backward()
+        _step(parameters, masters, optimizer, config.grad_clip)
+        schedule.step()
+        losses.append(loss.item())
+        if step % config.eval_every == 0 or step == config.steps:
+            report.evaluations.append(evaluate(student, teacher, heldout_examples, step))
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
+                        accept=f"{report.final.acceptance:.3f}")
+    bar.close()
+    for p in parameters:
+        p.requires_grad_(False)
+    tenth = max(1, len(losses) // 10)
+    if losses:
+        report.train_loss_first = sum(losses[:tenth]) / tenth
+        report.train_loss_last = sum(losses[-tenth:]) / tenth
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], step: int) -> Evaluation:
+    total_loss, agree, positions = 0.0, 0, 0
+    with torch.no_grad():
+        for example in examples:
+            target, student_input = teacher(example)
+            logits = student(student_input)
+            total_loss += soft_cross_entropy(logits, target).item() * target.shape[0]
+            agree += int((logits.argmax(dim=-1) == target.argmax(dim=-1)).sum())
+            positions += target.shape[0]
+    return Evaluation(step, total_loss / positions, agree / positions)
+
+
+def _step(parameters, masters, optimizer, grad_clip: float) -> None:
+    for p, master in zip(parameters, masters):
+        if master is not p:
+            master.grad = p.grad.float()
+            p.grad = None
+    torch.nn.utils.clip_grad_norm_(masters, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for p, master in zip(parameters, masters):
+            if master is not p:
+                p.copy_(master)
+
+
+def _example_order(count: int, steps: int, seed: int) -> list[int]:
+    """Each example once per epoch, epochs shuffled by `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while len(order) < steps:
+        order += torch.randperm(count, generator=generator).tolist()
+    return order[:steps]
+
+
+def _warmup_cosine(warmup: int, steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def _round(value):
+    return round(value, 4) if isinstance(value, float) else value

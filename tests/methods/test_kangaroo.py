@@ -1,0 +1,334 @@
+"""Kangaroo: token-identical to HF greedy on every family, the target's distribution
+when sampling, shallow layers run once per token, the engine round trip, and
+compile-time training that helps and is deterministic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM
+
+from specc.capture.load import load_model, load_tokenizer
+from specc.cli.main import main
+from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError, UsageError
+from specc.graph.nodes import layer_index
+from specc.methods.descriptor import get_method
+from specc.methods.kangaroo import KangarooConfig
+from specc.methods.kangaroo_runtime import build_runtime
+from specc.methods.kangaroo_train import adapter_parameters, train_adapter
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.generate import generate
+from specc.runtime.sampling import SamplingConfig, probabilities
+from specc.testing import FAMILIES, build_tiny_checkpoint, varied_prompts
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+NUM_PROMPTS = 20
+TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+VARIANTS = {
+    "tree": dict(tree_width=3, tree_threshold=0.9),
+    "fixed-steps": dict(exit_threshold=0.0, max_draft_steps=4),
+    "wide-tree": dict(tree_width=4, tree_threshold=1.0, exit_threshold=0.0, max_draft_steps=3),
+}
+
+_references: dict[str, list[list[int]]] = {}
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, and the machine may be shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64) -> Path:
+    """Text the target itself samples, written as the tiny tokenizer's words."""
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    torch.manual_seed(1)
+    starts = torch.randint(4, model.config.vocab_size, (sequences, 2))
+    with torch.no_grad():
+        rows = model.generate(starts, do_sample=True, max_new_tokens=length, pad_token_id=0,
+                              attention_mask=torch.ones_like(starts)).tolist()
+    path.write_text("\n\n".join(" ".join(f"w{t}" for t in row if t >= 4) for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
+    """(family, backend) -> (engine trained for a few steps, target checkpoint)."""
+    built = {}
+
+    def get(family: str, backend: str = "eager"):
+        if (family, backend) not in built:
+            target = checkpoints(family)[0]
+            root = tmp_path_factory.mktemp(f"kangaroo-{family}-{backend}")
+            calib = sample_calibration_text(target, root / "calib.txt", sequences=32)
+            # The tiny qwen2 checkpoint's tokenizer loads as Qwen2Tokenizer, which encodes its
+            # word-level text to nothing; losslessness does not depend on the adapter's training.
+            training = ["train_steps=0"] if family == "qwen2" else [*TRAIN, f"calib_data={calib}"]
+            compile_engine(CompileRequest(model=str(target), method="kangaroo", output=root / "engine",
+                                          backend=backend, max_seq_len=MAX_SEQ_LEN, settings=training))
+            built[family, backend] = (load_engine(root / "engine"), target)
+        return built[family, backend]
+
+    return get
+
+
+def hf_greedy(checkpoint: Path, prompts: list[list[int]]) -> list[list[int]]:
+    if str(checkpoint) not in _references:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+        _references[str(checkpoint)] = [
+            model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
+                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+            for ids in prompts
+        ]
+    return _references[str(checkpoint)]
+
+
+def assert_identical(generate_ids, target: Path) -> list:
+    prompts = varied_prompts(NUM_PROMPTS, 96, seed=11)
+    expected = hf_greedy(target, prompts)
+    results = [generate_ids(ids) for ids in prompts]
+    for ids, want, got in zip(prompts, expected, results):
+        assert got.token_ids == want, f"prompt {ids}: engine {got.token_ids} != HF {want}"
+    assert any(len(w) < MAX_NEW_TOKENS for w in expected), "no prompt hit EOS; the test lost coverage"
+    assert any(len(w) == MAX_NEW_TOKENS for w in expected), "no prompt hit max length"
+    return results
+
+
+class Rows:
+    """A graph forward that counts the query rows it is called with."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.rows = 0
+
+    def __call__(self, input_ids, *rest):
+        self.rows += input_ids.shape[1]
+        return self.forward(input_ids, *rest)
+
+
+def runtime(forward_fns: dict, architecture, config: KangarooConfig):
+    """(target, drafter, rounds) over the given graphs; `rounds` records (tree, accepted path)."""
+    shallow = CachedModel(forward_fns["shallow"], architecture, MAX_SEQ_LEN, torch.float32)
+    target, drafter = build_runtime(shallow, forward_fns["deep"], forward_fns["adapter"], MAX_SEQ_LEN,
+                                    torch.float32, config)
+    rounds = []
+    observe = drafter.observe
+
+    def record(draft, acceptance):
+        rounds.append((draft.tree, acceptance.path))
+        observe(draft, acceptance)
+
+    drafter.observe = record
+    return target, drafter, rounds
+
+
+# --- losslessness ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_matches_hf_greedy(engines, one_thread, family):
+    engine, target = engines(family)
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    assert 0 < accepted < drafted, "the adapter should be accepted sometimes, rejected sometimes"
+    assert sum(r.stats.target_forward_passes for r in results) < sum(r.stats.new_tokens for r in results)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_trees_and_fixed_steps_match_hf_greedy(engines, one_thread, family, variant):
+    engine, target = engines(family)
+    model, drafter, rounds = runtime(engine.forward_fns, engine.architecture("shallow"),
+                                     KangarooConfig(**VARIANTS[variant]))
+    assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
+    assert any(len(path) - 1 == tree.spec.depth for tree, path in rounds), "no round was fully accepted"
+    assert any(len(path) == 1 for _, path in rounds), "no round was fully rejected"
+    if "tree" in variant:
+        assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
+            "no sibling was ever accepted; the tree lost coverage"
+
+
+@pytest.mark.slow
+def test_inductor_matches_hf_greedy(engines, one_thread):
+    engine, target = engines("llama", "inductor")
+    assert engine.compile_seconds > 0
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+
+
+# --- the shallow layers run once per token -------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["chain", "wide-tree"])
+def test_verification_never_reruns_the_shallow_layers(engines, one_thread, variant):
+    engine, _ = engines("llama")
+    exit_layer = engine.method_state["exit_layer"]
+    assert {layer_index(n) for n in engine.graph_modules["shallow"].graph.nodes} - {None} == set(range(exit_layer))
+    assert {layer_index(n) for n in engine.graph_modules["deep"].graph.nodes} - {None} == set(range(exit_layer, 3))
+    counted = {name: Rows(engine.forward_fns[name]) for name in ("shallow", "deep", "adapter")}
+    config = KangarooConfig(**VARIANTS.get(variant, {}))
+    model, drafter, rounds = runtime(counted, engine.architecture("shallow"), config)
+    for ids in varied_prompts(8, 96, seed=3):
+        generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN)
+    # The deep side sees every prefilled, verified or plainly decoded row once; the shallow
+    # side must see each of them exactly once too: while drafting or else while verifying.
+    assert counted["shallow"].rows == counted["deep"].rows
+    fed_during_drafting = sum(tree.spec.depth for tree, _ in rounds)  # the root and all chain nodes but the last
+    assert counted["shallow"].rows > fed_during_drafting > 0
+
+
+# --- sampling keeps the target distribution ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A 16-token model with no EOS, its Kangaroo program (untrained adapter)."""
+    checkpoint = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("vocab16") / "model", seed=3,
+                                       vocab_size=16, eos_token_id=None)
+    model = load_model(checkpoint)
+    program = build_program({"target": model}, get_method("kangaroo"), KangarooConfig(), MAX_SEQ_LEN)
+    return model, program
+
+
+def exact_marginals(model, prompt: list[int], sampling: SamplingConfig):
+    """Distributions of the 2nd and 3rd sampled tokens, summed over the earlier ones."""
+    with torch.no_grad():
+        p1 = probabilities(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        vocab = p1.numel()
+        seconds = torch.tensor([prompt + [a] for a in range(vocab)])
+        p2 = probabilities(model(seconds).logits[:, -1], sampling)
+        thirds = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+        p3 = probabilities(model(thirds).logits[:, -1], sampling).view(vocab, vocab, vocab)
+    joint = p1[:, None] * p2
+    return joint.sum(0), (joint[:, :, None] * p3).sum((0, 1))
+
+
+def assert_distribution(counts: torch.Tensor, expected: torch.Tensor, label: str) -> None:
+    """Chi-square goodness of fit; cells expecting fewer than 5 samples are pooled."""
+    n = counts.sum()
+    impossible = expected == 0
+    assert counts[impossible].sum() == 0, f"{label}: sampled a token the target gives probability 0"
+    frequent = expected * n >= 5
+    rare = ~frequent & ~impossible
+    observed = torch.cat([counts[frequent], counts[rare].sum()[None]]).double()
+    wanted = torch.cat([expected[frequent], expected[rare].sum()[None]]).double()
+    observed, wanted = observed[wanted > 0], wanted[wanted > 0]
+    result = chisquare(observed.numpy(), (wanted / wanted.sum() * n).numpy())
+    assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
+
+
+@pytest.mark.parametrize("variant,sampling", [
+    ("chain", SamplingConfig(temperature=1.0)),
+    ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
+])
+def test_sampling_matches_the_target_distribution(small_vocab, one_thread, variant, sampling):
+    model, program = small_vocab
+    graphs = {name: graph.module for name, graph in program.graphs.items()}
+    settings = dict(exit_threshold=0.0, max_draft_steps=2)
+    if variant == "tree":
+        settings.update(tree_width=3, tree_threshold=1.0)
+    target, drafter, rounds = runtime(graphs, program.graphs["shallow"].architecture, KangarooConfig(**settings))
+    prompt = [5, 9, 7]
+    counts = torch.zeros(2, 16)
+    samples = 1200
+    for seed in range(samples):
+        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
+        tokens = generate(target, drafter, prompt, 3, run, MAX_SEQ_LEN).token_ids
+        counts[0, tokens[1]] += 1
+        counts[1, tokens[2]] += 1
+    second, third = exact_marginals(model, prompt, sampling)
+    assert_distribution(counts[0], second, "second token")
+    assert_distribution(counts[1], third, "third token")
+    accepted = [len(path) - 1 for _, path in rounds]
+    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+
+
+# --- the engine ------------------------------------------------------------------
+
+
+def test_engine_stores_the_adapter_once_with_its_training_report(engines):
+    engine, _ = engines("llama")
+    assert set(engine.manifest["graphs"]) == {"shallow", "deep", "adapter"}
+    source = load_file(str(engine.path / "weights" / "target.safetensors"))
+    added = load_file(str(engine.path / "weights" / "added.safetensors"))
+    assert added and all(name.startswith("adapter.") for name in added)
+    assert not any(name.startswith("adapter.") for name in source)
+    loaded = dict(engine.graph_modules["adapter"].named_buffers())
+    for name, tensor in added.items():
+        assert torch.equal(loaded[name], tensor)
+    layer = engine.method_state["exit_layer"]
+    assert not torch.equal(added["adapter.self_attn.q_proj.weight"], source[f"model.layers.{layer}.self_attn.q_proj.weight"]), \
+        "training should have moved the adapter away from its initial copy"
+    training = engine.method_state["training"]
+    assert training["steps"] == 40 and [e["step"] for e in training["heldout"]] == [0, 20, 40]
+    assert training["seconds"] > 0
+
+
+def test_config_fields_are_documented_and_validated(capsys):
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    for field in ("exit_layer", "max_draft_steps: int = 6", "exit_threshold: float = 0.6", "tree_width",
+                  "train_steps", "learning_rate", "calib_data", "seed"):
+        assert field in listing
+    for bad in ("tree_width=0", "exit_threshold=1.5", "max_draft_steps=0", "exit_layer=-1", "train_seq_len=1"):
+        with pytest.raises(UsageError):
+            KangarooConfig.from_assignments([bad])
+
+
+def test_exit_layer_must_leave_layers_to_verify(checkpoints, tmp_path):
+    request = CompileRequest(model=str(checkpoints("llama")[0]), method="kangaroo", output=tmp_path / "engine",
+                             settings=["exit_layer=3", "train_steps=0"])
+    with pytest.raises(SpeccError, match="exit layer 3 .* 3-layer model"):
+        compile_engine(request)
+
+
+# --- compile-time training --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainable(checkpoints, tmp_path_factory):
+    """A llama Kangaroo program, its initial adapter weights, tokenizer, calibration file."""
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256)
+    program = build_program({"target": load_model(target)}, get_method("kangaroo"), KangarooConfig(), MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in adapter_parameters(program.graphs["adapter"].module).items()}
+    return program, initial, load_tokenizer(target), calib
+
+
+def train_from_initial(trainable, *settings: str) -> dict:
+    program, initial, tokenizer, calib = trainable
+    with torch.no_grad():
+        for name, p in adapter_parameters(program.graphs["adapter"].module).items():
+            p.copy_(initial[name])
+    config = KangarooConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", *settings])
+    return train_adapter(program, config, tokenizer)
+
+
+def test_training_lowers_loss_and_raises_heldout_acceptance(trainable, one_thread):
+    result = train_from_initial(trainable, "train_steps=200", "learning_rate=1e-2", "eval_every=100")
+    heldout = result["method_state"]["training"]["heldout"]
+    untrained, trained = heldout[0], heldout[-1]
+    assert trained["loss"] < untrained["loss"] - 0.1
+    assert trained["acceptance"] > untrained["acceptance"]
+    training = result["method_state"]["training"]
+    assert training["train_loss_last"] < training["train_loss_first"]
+
+
+def test_training_is_deterministic_for_a_seed(trainable, one_thread):
+    first = train_from_initial(trainable, "train_steps=12", "seed=5")
+    again = train_from_initial(trainable, "train_steps=12", "seed=5")
+    other = train_from_initial(trainable, "train_steps=12", "seed=6")
+    names = [name for name in first if name != "method_state"]
+    assert all(torch.equal(first[name], again[name]) for name in names)
+    assert first["method_state"]["training"]["heldout"] == again["method_state"]["training"]["heldout"]
+    assert not all(torch.equal(first[name], other[name]) for name in names)
