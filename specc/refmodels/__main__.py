@@ -60,13 +60,16 @@ def _build(args: argparse.Namespace) -> None:
     path = build_reference_model(
         args.name, args.cache_dir, progress=not args.quiet, force=args.force, device=args.device
     )
+    # Only the path goes to stdout, so `MODEL=$(python -m specc.refmodels build tiny)` works;
+    # the metrics are for the person watching.
     print(path)
     metrics = (read_reference(path) or {}).get("metrics", {})
     for key in _SUMMARY_METRICS:
         if key in metrics:
-            print(f"  {key:<17} {metrics[key]}")
+            print(f"  {key:<17} {metrics[key]}", file=sys.stderr)
     for kind, scores in metrics.get("val_by_kind", {}).items():
-        print(f"  val[{kind}]{'':<{11 - len(kind)}} loss {scores['loss']}  accuracy {scores['accuracy']}")
+        print(f"  val[{kind}]{'':<{11 - len(kind)}} loss {scores['loss']}  accuracy {scores['accuracy']}",
+              file=sys.stderr)
 
 
 def _list_specs() -> None:
