@@ -26,14 +26,15 @@ def check_output_dir(output: Path, force: bool) -> None:
         raise UsageError(f"output directory {output} already exists; pass --force to replace it")
     if output.exists() and not output.is_dir():
         raise UsageError(f"output path {output} exists and is not a directory")
-    if not output.parent.exists():
-        raise UsageError(f"parent directory {output.parent} does not exist; create it first")
+    if output.parent.exists() and not output.parent.is_dir():
+        raise UsageError(f"{output.parent} is a file, so {output} cannot be created inside it")
 
 
 @contextmanager
 def staging_dir(output: Path, force: bool):
     """Yield a temporary directory that replaces `output` only on success."""
     check_output_dir(output, force)
+    output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

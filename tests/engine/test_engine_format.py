@@ -108,3 +108,10 @@ def test_existing_output_needs_force_and_failure_leaves_nothing(engine_dir, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine", "model"], "no partial directories left"
     compile_engine(CompileRequest(model=str(checkpoint), method="none", output=out, force=True, max_seq_len=32))
     assert not (out / "keep.txt").exists() and (out / MANIFEST).is_file()
+
+
+def test_missing_parent_directories_are_created(tmp_path):
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "model")
+    out = tmp_path / "engines" / "nested" / "tiny"
+    compile_engine(CompileRequest(model=str(checkpoint), method="none", output=out, max_seq_len=32))
+    assert (out / MANIFEST).is_file()
