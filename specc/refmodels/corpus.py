@@ -101,7 +101,7 @@ def select_corpus(
     for kind, (train_cap, tokenizer_cap) in caps.items():
         corpus = load_corpus(kind)
         tokenizer_sample += corpus.capped_train(tokenizer_cap)
-        chosen = corpus.capped_train(train_cap) if train_cap > 0 else ()
+        chosen = corpus.capped_train(train_cap)
         if chosen:
             train[kind], heldout[kind] = chosen, corpus.heldout
     if not train:
@@ -146,10 +146,11 @@ def corpus_fingerprint(documents: tuple[Document, ...] | list[Document]) -> str:
 def heldout_prompts(kind: str, n: int, prompt_chars: int) -> list[str]:
     """``n`` prompt prefixes of at most ``prompt_chars`` characters from held-out documents.
 
-    Code prompts start at a ``def``/``class`` line and end after a line break;
-    text prompts start at a line and end before a space. Prompts never overlap
-    and are taken round-robin across documents, so consecutive prompts come from
-    different sources. Fewer than ``n`` come back only if the held-out set runs out.
+    Code prompts start at a ``def``/``class`` line and end before a line break;
+    text prompts start at a line and end before a space, so a prompt never ends
+    in whitespace. Prompts never overlap and are taken round-robin across
+    documents, so consecutive prompts come from different sources. Fewer than
+    ``n`` come back only if the held-out set runs out.
     """
     if n < 0 or prompt_chars < 1:
         raise UsageError("heldout_prompts needs n >= 0 and prompt_chars >= 1")
@@ -271,6 +272,8 @@ def _proportional_prefixes(documents: tuple[Document, ...], max_bytes: int) -> t
     total = sum(len(doc.text) for doc in documents)
     if total <= max_bytes:
         return documents
+    if max_bytes <= 0:
+        return ()
     fraction = max_bytes / total
     prefixes = []
     for doc in documents:
@@ -304,10 +307,10 @@ def _document_prompts(text: str, kind: str, prompt_chars: int) -> list[str]:
 
 
 def _trim_prompt_end(window: str, kind: str) -> str:
-    # Ending mid-word would make the tokenizer split the last word unnaturally.
-    if kind == "code":
-        return window[: window.rfind("\n") + 1]
-    cut = max(window.rfind(" "), window.rfind("\n"))
+    # End where the tokenizer would start a new token anyway: before the line
+    # break for code (the break merges with the next line's indentation), before
+    # a space for text (the space belongs to the next word).
+    cut = window.rfind("\n") if kind == "code" else max(window.rfind(" "), window.rfind("\n"))
     return window[:cut].rstrip() if cut > 0 else ""
 
 

@@ -57,12 +57,12 @@ class CorpusPlan:
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    steps: int = 300
-    batch_size: int = 16
+    steps: int = 800
+    batch_size: int = 4
     seq_len: int = 128
-    learning_rate: float = 3e-3
+    learning_rate: float = 4e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 30
+    warmup_steps: int = 80
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
@@ -132,7 +132,7 @@ WHOLE_CORPUS = CorpusPlan(code_bytes=50_000_000, text_bytes=50_000_000)
 _BUILTIN_SPECS = (
     ReferenceSpec(
         name="tiny",
-        description="4-layer llama for tests and the quick start; well under a minute on 2 CPU cores.",
+        description="4-layer llama for tests and the quick start; under a minute on 2 idle CPU cores.",
         model=ModelShape(
             family="llama",
             hidden_size=128,
@@ -145,12 +145,12 @@ _BUILTIN_SPECS = (
         tokenizer=SHARED_TOKENIZER,
         corpus=CorpusPlan(code_bytes=2_000_000, text_bytes=1_500_000),
         training=TrainingPlan(
-            steps=600, batch_size=8, seq_len=128, learning_rate=6e-3, warmup_steps=60
+            steps=800, batch_size=4, seq_len=128, learning_rate=4e-3, warmup_steps=80
         ),
     ),
     ReferenceSpec(
         name="small",
-        description="8-layer llama, the default benchmark model; about 15 minutes on 2 CPU cores.",
+        description="8-layer llama, the default benchmark model; about 14 minutes on 2 idle CPU cores.",
         model=ModelShape(
             family="llama",
             hidden_size=256,
@@ -168,7 +168,7 @@ _BUILTIN_SPECS = (
     ),
     ReferenceSpec(
         name="small-qwen2",
-        description="8-layer qwen2 (qkv biases, tied embeddings); a little cheaper than small.",
+        description="8-layer qwen2 (qkv biases, tied embeddings); about 11 minutes on 2 idle CPU cores.",
         model=ModelShape(
             family="qwen2",
             hidden_size=256,
@@ -188,8 +188,8 @@ _BUILTIN_SPECS = (
     ReferenceSpec(
         name="medium",
         description=(
-            "12-layer llama (~40M parameters) meant for a GPU: minutes on one H100, "
-            "many hours on a laptop CPU. The corpus is ~6M tokens, so it sees each about 4 times."
+            "12-layer llama meant for a GPU (used when one is present): minutes there, most of a "
+            "day on 2 CPU cores. It sees the ~6M-token corpus about 4 times."
         ),
         model=ModelShape(
             family="llama",

@@ -125,7 +125,7 @@ def test_heldout_code_prompts_are_deterministic_and_unseen_in_training():
     prompts = heldout_prompts("code", 12, 200)
     assert prompts == heldout_prompts("code", 12, 200)
     assert len(prompts) == 12
-    assert all(0 < len(prompt) <= 200 and prompt.endswith("\n") for prompt in prompts)
+    assert all(0 < len(prompt) <= 200 and not prompt[-1].isspace() for prompt in prompts)
     assert all(prompt.lstrip().startswith(("def ", "class ", "async ")) for prompt in prompts)
     train_texts = [doc.text for doc in load_corpus("code").train]
     assert not any(prompt in text for prompt in prompts[:4] for text in train_texts)
@@ -136,6 +136,14 @@ def test_heldout_text_prompts_interleave_sources():
     prompts = heldout_prompts("text", 5, 160)
     assert len(set(prompts)) == 5
     assert all(0 < len(prompt) <= 160 and not prompt[-1].isspace() for prompt in prompts)
+
+
+def test_a_zero_cap_leaves_a_corpus_out():
+    selection = select_corpus(
+        code_bytes=50_000, text_bytes=0, tokenizer_code_bytes=10_000, tokenizer_text_bytes=0
+    )
+    assert list(selection.train) == list(selection.heldout) == ["code"]
+    assert all(doc.source.startswith("stdlib:") for doc in selection.tokenizer_sample)
 
 
 def test_missing_shared_data_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
@@ -283,7 +291,7 @@ def test_cli_build_prints_path_and_metrics(micro_checkpoint, monkeypatch, capsys
 
     assert cli_main(["build", "micro", "--cache-dir", str(micro_checkpoint.parent), "--quiet"]) == 0
 
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == str(micro_checkpoint)
-    assert any(line.split()[0] == "val_loss" for line in lines[1:])
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [str(micro_checkpoint)], "stdout holds only the path"
+    assert any(line.split()[0] == "val_loss" for line in captured.err.splitlines() if line.strip())
     json.loads((micro_checkpoint / "config.json").read_text())
