@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specc.capture.families import SUPPORTED_FAMILIES as FAMILIES
+from specc.capture.families import SUPPORTED_FAMILIES as FAMILIES  # noqa: F401  (re-exported for tests)
 
 TINY_VOCAB = 96
 _COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -148,3 +148,36 @@ def run_cached_steps(gm, ids, chunks: list[tuple[int, int]], arch):
             mask = (torch.arange(end)[None, :] <= slots[:, None])[None, None]
             outputs.append(gm(ids[:, start:end], slots[None], mask, slots, *caches)[0])
     return torch.cat(outputs, dim=1)
+
+
+# --- losslessness helpers ---------------------------------------------------
+
+_GREEDY_REFERENCES: dict[tuple, list[list[int]]] = {}
+
+
+def hf_greedy(checkpoint: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Hugging Face `generate(do_sample=False)` continuations, memoised per checkpoint."""
+    key = (str(checkpoint), tuple(map(tuple, prompts)), max_new_tokens)
+    if key not in _GREEDY_REFERENCES:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+        _GREEDY_REFERENCES[key] = [
+            model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+            for ids in prompts
+        ]
+    return _GREEDY_REFERENCES[key]
+
+
+def assert_matches_hf_greedy(generate_ids, checkpoint: Path, prompts: list[list[int]], max_new_tokens: int) -> list:
+    """Assert `generate_ids(ids)` reproduces HF greedy on every prompt, and that
+    the prompts still cover both stopping rules (EOS and max length)."""
+    expected = hf_greedy(checkpoint, prompts, max_new_tokens)
+    results = [generate_ids(ids) for ids in prompts]
+    for ids, want, got in zip(prompts, expected, results):
+        assert got.token_ids == want, f"prompt {ids}: engine {got.token_ids} != HF {want}"
+    assert any(len(w) < max_new_tokens for w in expected), "no prompt hit EOS; the test lost coverage"
+    assert any(len(w) == max_new_tokens for w in expected), "no prompt hit max length"
+    return results

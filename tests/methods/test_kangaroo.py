@@ -25,7 +25,7 @@ from specc.methods.kangaroo_train import adapter_parameters, train_adapter
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.testing import FAMILIES, build_tiny_checkpoint, varied_prompts
+from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -37,7 +37,6 @@ VARIANTS = {
     "wide-tree": dict(tree_width=4, tree_threshold=1.0, exit_threshold=0.0, max_draft_steps=3),
 }
 
-_references: dict[str, list[list[int]]] = {}
 
 
 @pytest.fixture
@@ -82,26 +81,8 @@ def engines(checkpoints, tmp_path_factory):
     return get
 
 
-def hf_greedy(checkpoint: Path, prompts: list[list[int]]) -> list[list[int]]:
-    if str(checkpoint) not in _references:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-        _references[str(checkpoint)] = [
-            model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
-                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
-            for ids in prompts
-        ]
-    return _references[str(checkpoint)]
-
-
 def assert_identical(generate_ids, target: Path) -> list:
-    prompts = varied_prompts(NUM_PROMPTS, 96, seed=11)
-    expected = hf_greedy(target, prompts)
-    results = [generate_ids(ids) for ids in prompts]
-    for ids, want, got in zip(prompts, expected, results):
-        assert got.token_ids == want, f"prompt {ids}: engine {got.token_ids} != HF {want}"
-    assert any(len(w) < MAX_NEW_TOKENS for w in expected), "no prompt hit EOS; the test lost coverage"
-    assert any(len(w) == MAX_NEW_TOKENS for w in expected), "no prompt hit max length"
-    return results
+    return assert_matches_hf_greedy(generate_ids, target, varied_prompts(NUM_PROMPTS, 96, seed=11), MAX_NEW_TOKENS)
 
 
 class Rows:

@@ -4,10 +4,7 @@ token for token, for every supported family, in eager and Inductor."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
-
-from specc.testing import FAMILIES, varied_prompts
+from specc.testing import FAMILIES, assert_matches_hf_greedy, varied_prompts
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 
@@ -18,22 +15,6 @@ METHODS = {
     "draft-chain": ["num_draft_tokens=4"],
     "draft-tree": ["num_draft_tokens=3", "tree_width=3"],
 }
-
-_references: dict[str, list[list[int]]] = {}
-
-
-def hf_greedy(checkpoint, prompts) -> list[list[int]]:
-    key = str(checkpoint)
-    if key not in _references:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-        outputs = []
-        for ids in prompts:
-            generated = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
-                                       attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            outputs.append(generated[0, len(ids):].tolist())
-        _references[key] = outputs
-    return _references[key]
-
 
 def compile_variant(checkpoints, tmp_path, family: str, variant: str, backend: str):
     target, draft = checkpoints(family)
@@ -46,14 +27,8 @@ def compile_variant(checkpoints, tmp_path, family: str, variant: str, backend: s
 
 
 def assert_identical(engine, target) -> list:
-    prompts = varied_prompts(NUM_PROMPTS, 96, seed=11)
-    expected = hf_greedy(target, prompts)
-    results = [engine.generate_ids(ids, MAX_NEW_TOKENS) for ids in prompts]
-    for ids, want, got in zip(prompts, expected, results):
-        assert got.token_ids == want, f"prompt {ids}: engine {got.token_ids} != HF {want}"
-    assert any(len(w) < MAX_NEW_TOKENS for w in expected), "no prompt hit EOS; the test lost coverage"
-    assert any(len(w) == MAX_NEW_TOKENS for w in expected), "no prompt hit max length"
-    return results
+    return assert_matches_hf_greedy(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target,
+                                    varied_prompts(NUM_PROMPTS, 96, seed=11), MAX_NEW_TOKENS)
 
 
 @pytest.mark.parametrize("variant", list(METHODS))

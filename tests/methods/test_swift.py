@@ -19,7 +19,8 @@ from specc.methods.swift import SKIP_SET_KEY, SwiftConfig
 from specc.runtime.acceptance import accept_sampled_tree
 from specc.runtime.drafter import DraftBudget
 from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.testing import FAMILIES, build_tiny_checkpoint, set_eos_to_a_generated_token, varied_prompts
+from specc.testing import (FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, hf_greedy,
+                           set_eos_to_a_generated_token, varied_prompts)
 
 LAYERS = 4
 MAX_NEW_TOKENS = 24
@@ -49,21 +50,9 @@ def compile_swift(checkpoint, output, backend="eager", settings=RUN_SETTINGS, ma
     return load_engine(output)
 
 
-def hf_greedy(checkpoint, prompts, max_new_tokens=MAX_NEW_TOKENS):
-    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-    return [model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
-                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
-            for ids in prompts]
-
-
 def assert_identical(engine, checkpoint, prompts):
-    expected = hf_greedy(checkpoint, prompts)
-    results = [engine.generate_ids(ids, MAX_NEW_TOKENS) for ids in prompts]
-    for ids, want, got in zip(prompts, expected, results):
-        assert got.token_ids == want, f"prompt {ids}: engine {got.token_ids} != HF {want}"
-    assert any(len(w) < MAX_NEW_TOKENS for w in expected), "no prompt hit EOS; the test lost coverage"
-    assert any(len(w) == MAX_NEW_TOKENS for w in expected), "no prompt hit max length"
-    return results
+    return assert_matches_hf_greedy(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), checkpoint, prompts,
+                                    MAX_NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -103,7 +92,7 @@ def test_skip_set_change_reuses_segments_and_stays_lossless(swift_checkpoint, tm
     prompts = varied_prompts(6, 96, seed=5)
     for skip in (frozenset(), frozenset({"attn_1"}), frozenset(forward.skippable)):
         engine.drafter.use_skip_set(skip)
-        expected = hf_greedy(checkpoint, prompts)
+        expected = hf_greedy(checkpoint, prompts, MAX_NEW_TOKENS)
         assert [engine.generate_ids(ids, MAX_NEW_TOKENS).token_ids for ids in prompts] == expected
     assert forward.segments == segments and all(forward.segments[k] is v for k, v in segments.items())
     with pytest.raises(UsageError, match="skippable sublayers"):
