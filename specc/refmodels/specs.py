@@ -188,8 +188,8 @@ _BUILTIN_SPECS = (
     ReferenceSpec(
         name="medium",
         description=(
-            "12-layer llama meant for a GPU (used when one is present): minutes there, most of a "
-            "day on 2 CPU cores. It sees the ~6M-token corpus about 4 times."
+            "12-layer llama meant for a GPU (used when one is present): minutes there, about "
+            "5.5 hours on 2 CPU cores. It sees the ~6M-token corpus about 4 times."
         ),
         model=ModelShape(
             family="llama",
