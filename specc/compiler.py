@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specc.capture.export import capture
-from specc.capture.load import DTYPES, load_model, load_tokenizer, resolve_checkpoint
+from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
 from specc.engine.format import BACKENDS
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import UsageError
@@ -41,8 +41,7 @@ def validate(request: CompileRequest):
     """Check everything cheap before any heavy work starts."""
     if request.backend not in BACKENDS:
         raise UsageError(f"unknown backend {request.backend!r}; choose one of: {', '.join(BACKENDS)}")
-    if request.dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {request.dtype!r}; choose one of: {', '.join(DTYPES)}")
+    check_dtype(request.dtype)
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)

@@ -8,7 +8,7 @@ from pathlib import Path
 from specc.errors import UsageError
 from specc.capture.families import check_supported
 
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_checkpoint(model: str) -> Path:
@@ -57,14 +57,18 @@ def read_model_type(checkpoint: Path) -> str:
     return model_type
 
 
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+
+
 def load_model(checkpoint: Path, dtype: str = "float32"):
     """Load the unmodified HF model in eval mode; trust_remote_code stays off."""
     import torch
     from transformers import AutoModelForCausalLM
 
     check_supported(read_model_type(checkpoint))
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    check_dtype(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             checkpoint, dtype=getattr(torch, dtype), attn_implementation="sdpa", trust_remote_code=False

@@ -8,10 +8,10 @@ import logging
 import sys
 from pathlib import Path
 
+from specc.capture.load import DTYPES
+from specc.engine.format import BACKENDS
 from specc.errors import SpeccError
 
-BACKEND_CHOICES = ("eager", "inductor", "aoti")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +32,8 @@ def _add_compile(verbs) -> None:
     p.add_argument("model", help="Hugging Face checkpoint directory (or a hub id already in the local cache)")
     p.add_argument("--method", required=True, help="speculative method (see `specc methods`)")
     p.add_argument("-o", "--output", required=True, type=Path, help="engine directory to write")
-    p.add_argument("--backend", default="eager", help=f"one of {', '.join(BACKEND_CHOICES)} (default eager)")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_CHOICES)} (default float32)")
+    p.add_argument("--backend", default="eager", help=f"one of {', '.join(BACKENDS)} (default eager)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-seq-len", type=int, default=1024, help="longest prompt + generation (default 1024)")
     p.add_argument("--draft-model", help="draft checkpoint directory (method draft-model)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",

@@ -18,12 +18,12 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.serialize import graph_from_json
 from specc.lower.backends import load_aoti, lower_eager, lower_inductor
 from specc.methods.descriptor import get_method
+from specc.methods.infrastructure import DECODING_INPUTS
 from specc.passes.insert_kv_cache import cache_input_names
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.generate import GenerationResult, generate
 from specc.runtime.sampling import SamplingConfig
 
-_DECODING_INPUTS = ("input_ids", "position_ids", "attn_mask", "cache_positions")
 
 
 class LoadedEngine:
@@ -119,7 +119,7 @@ class LoadedEngine:
         k/v cache of each layer (no method-specific inputs such as exit states)."""
         layers = self.architecture(name).num_layers
         caches = [cache for layer in range(layers) for cache in cache_input_names(layer)]
-        return self.manifest["graphs"][name]["inputs"] == [*_DECODING_INPUTS, *caches]
+        return self.manifest["graphs"][name]["inputs"] == [*DECODING_INPUTS, *caches]
 
 
 def _warm_up_shapes(max_seq_len: int) -> tuple[int, int, int]:

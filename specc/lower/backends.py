@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
+from specc.methods.infrastructure import DECODING_INPUTS
 
 
 def lower_eager(gm: fx.GraphModule) -> Callable:
@@ -45,9 +46,8 @@ def load_aoti(package_path: Path) -> Callable:
 
 def _example_inputs(gm: fx.GraphModule, cache_shapes, dtype, max_seq_len):
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    expected = ["input_ids", "position_ids", "attn_mask", "cache_positions"]
-    if names[:4] != expected:
-        raise SpeccError(f"graph inputs {names[:4]} are not the decoding layout {expected}")
+    if tuple(names[:4]) != DECODING_INPUTS:
+        raise SpeccError(f"graph inputs {names[:4]} are not the decoding layout {list(DECODING_INPUTS)}")
     q = torch.export.Dim("q", min=1, max=max_seq_len)
     kv = torch.export.Dim("kv", min=1, max=max_seq_len)
     q_len, kv_len = 3, 5
