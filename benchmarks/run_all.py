@@ -176,8 +176,8 @@ def markdown_table(suite: dict) -> str:
         f"{' --quick' if settings['quick'] else ''}`).",
         "",
         "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "
-        "| M | α | identical to HF | SWIFT eq. 6 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| M | α per step | α per token | identical to HF | SWIFT eq. 6 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for name, result in suite["methods"].items():
@@ -197,7 +197,7 @@ def _table_row(name: str, doc: dict) -> str:
     acceptance = engine.get("acceptance", {})
     identity = doc["identity"]
     swift = overall["prediction"]["swift_eq6"].get("expected_speedup")
-    alpha = acceptance.get("acceptance_rate")
+    rates = [acceptance.get("step_acceptance_rate"), acceptance.get("acceptance_rate")]
     same = f"{identity['identical']}/{identity['total']}" + (" ⚠" if doc["identity_flag"] else "")
     cells = [
         f"`{name}`", "yes" if doc["engine"]["lossless"] else "no",
@@ -205,7 +205,7 @@ def _table_row(name: str, doc: dict) -> str:
         *(_speedup_cell(overall["speedup"].get(b)) for b in ("hf-greedy", "specc-none", "hf-prompt-lookup",
                                                               "hf-assisted")),
         f"{acceptance['mean_accepted_length']:.2f}" if acceptance else "—",
-        "—" if alpha is None else f"{alpha:.2f}",
+        *("—" if rate is None else f"{rate:.2f}" for rate in rates),
         same,
         "—" if swift is None else f"{swift:.2f}×",
     ]

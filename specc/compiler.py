@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.fx as fx
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
@@ -105,16 +107,26 @@ def split_train_result(result: dict) -> tuple[dict, dict]:
 
 
 def build_program(models: dict, method, config, max_seq_len: int) -> SpeculativeProgram:
+    """Capture each source model once; every named graph rewrites its own copy of the capture."""
     program = SpeculativeProgram()
+    captures = {}
     for name, recipe in method.graphs(config).items():
         if recipe.source not in models:
             raise UsageError(f"method {method.name!r} needs a {recipe.source!r} model")
-        captured = capture(models[recipe.source], max_seq_len)
-        captured_text = readable_graph(captured.graph_module)  # passes rewrite in place
-        gm, records = run_passes(name, captured.graph_module, recipe.passes(config))
+        if recipe.source not in captures:
+            captured = capture(models[recipe.source], max_seq_len)
+            captures[recipe.source] = (captured, readable_graph(captured.graph_module))
+        captured, captured_text = captures[recipe.source]
+        gm, records = run_passes(name, _graph_copy(captured.graph_module), recipe.passes(config))
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
+
+
+def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule with its own graph (passes rewrite graphs in place) over
+    the same parameter tensors, so a second graph costs no weight memory."""
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, request: CompileRequest) -> float:

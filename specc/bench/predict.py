@@ -1,9 +1,12 @@
 """Speedup predicted from measured acceptance and costs, to set beside the
 measured speedup over the compiled autoregressive engine.
 
-SWIFT eq. 6:  E = M·α / ((M − 1)·c + α), with c = draft cost per drafted
-token / target forward cost. (M − 1)/α is the drafted tokens per round, so
-the denominator is a round's cost in target forwards.
+SWIFT eq. 6:  E = M·α / ((M − 1)·c + α), with α = accepted tokens per draft
+step and c = draft cost per draft step / target forward cost. (M − 1)/α is
+the draft steps per round, so the denominator is a round's cost in target
+forwards. A draft step is one sequential drafter call: for a tree it
+proposes every sibling at that depth, so α and c are per depth, not per
+node (for chains the two coincide).
 
 S3D eq. 11–12:  τ(γ) = Σ_{n=1}^{γ+1} n · Π_{k<n} α_k · z_n, z_n = 1 − α_n for
 n ≤ γ and 1 for n = γ + 1;  IF = τ / (δ + β + 1), where α_k is the
@@ -81,7 +84,7 @@ def target_forward_seconds(baseline_stats: list[GenerationStats]) -> float | Non
 def predict(engine_stats: list[GenerationStats], baseline_stats: list[GenerationStats], method_config: dict) -> dict:
     """Both formulas' inputs and outputs, with a reason wherever one is not applicable."""
     target = target_forward_seconds(baseline_stats)
-    drafted = sum(s.drafted_tokens for s in engine_stats)
+    drafted = sum(s.draft_steps for s in engine_stats)
     accepted = sum(s.accepted_tokens for s in engine_stats)
     new_tokens = sum(s.new_tokens for s in engine_stats)
     forwards = sum(s.target_forward_passes for s in engine_stats)
@@ -97,7 +100,7 @@ def predict(engine_stats: list[GenerationStats], baseline_stats: list[Generation
                          "s3d_eq12": {"improvement_factor": None, "reason": reason}}
     m, alpha = new_tokens / forwards, accepted / drafted
     c = draft_seconds / drafted / target
-    result["draft_seconds_per_drafted_token"] = draft_seconds / drafted
+    result["draft_seconds_per_draft_step"] = draft_seconds / drafted
     result["swift_eq6"] = (
         {"expected_speedup": swift_expected_speedup(m, alpha, c), "M": m, "alpha": alpha, "c": c}
         if alpha > 0 else

@@ -64,10 +64,14 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
 
 def _acceptance_line(acc: dict) -> str:
     m = acc["mean_accepted_length"]
-    alpha = acc["acceptance_rate"]
     ctar = " ".join("—" if v is None else f"{v:.2f}" for v in acc["ctar"].values())
-    return (f"M {m:.2f} (bonus token counted)  α {'n/a' if alpha is None else f'{alpha:.3f}'}  "
-            f"CTAR(1..6) {ctar}  [{acc['draft_rounds']} draft rounds]")
+    return (f"M {m:.2f} (bonus token counted)  α {_rate(acc.get('step_acceptance_rate'))} per draft step, "
+            f"{_rate(acc['acceptance_rate'])} per drafted token  CTAR(1..6) {ctar}  "
+            f"[{acc['draft_rounds']} draft rounds]")
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _split_line(split: dict) -> str:

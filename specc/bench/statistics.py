@@ -95,17 +95,21 @@ def ctar(rounds: list[int], w: int) -> float | None:
 
 
 def acceptance(stats: list[GenerationStats]) -> dict:
-    """M (bonus token counted), α and CTAR pooled over generations, and the
-    histogram of accepted draft tokens per round."""
+    """M (bonus token counted), α per drafted token (every tree node) and per
+    draft step (tree depth, the papers' α), CTAR pooled over generations, and
+    the histogram of accepted draft tokens per round."""
     new_tokens = sum(s.new_tokens for s in stats)
     forwards = sum(s.target_forward_passes for s in stats)
     drafted = sum(s.drafted_tokens for s in stats)
+    steps = sum(s.draft_steps for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
     rounds = [a for s in stats for a in s.accepted_per_round]
     histogram = Counter(rounds)
     return {
         "mean_accepted_length": new_tokens / forwards if forwards else None,
         "acceptance_rate": accepted / drafted if drafted else None,
+        "step_acceptance_rate": accepted / steps if steps else None,
+        "draft_steps": steps,
         "ctar": {str(w): ctar(rounds, w) for w in CTAR_WINDOWS},
         "draft_rounds": len(rounds),
         "drafted_tokens": drafted,

@@ -18,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specc", description="Compile a Hugging Face causal LM into a "
                                      "speculative inference engine, and run it.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads for torch (default: torch's choice; use 1 when other jobs share "
+                             "the cores, oversubscription slows small models many times over)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="{compile,run,inspect,methods,bench}")
     _add_compile(verbs)
     _add_run(verbs)
@@ -94,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.threads is not None:
+        _set_threads(args.threads)
     if args.verb == "compile":
         return _compile(args)
     if args.verb == "run":
@@ -111,6 +116,16 @@ def _dispatch(args) -> int:
 
         return run_bench(args)
     raise AssertionError(args.verb)
+
+
+def _set_threads(threads: int) -> None:
+    from specc.errors import UsageError
+
+    if threads < 1:
+        raise UsageError(f"--threads {threads} must be at least 1")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _compile(args) -> int:

@@ -86,6 +86,7 @@ def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -
     stats.target_forward_passes += 1
     stats.drafted_tokens += draft.node_tokens.numel() - 1
     stats.drafted_per_round.append(draft.node_tokens.numel() - 1)
+    stats.draft_steps_per_round.append(draft.tree.spec.depth)
     stats.accepted_tokens += len(acceptance.path) - 1
     stats.accepted_per_round.append(len(acceptance.path) - 1)
     drafter.observe(draft, acceptance)

@@ -13,6 +13,7 @@ class GenerationStats:
     accepted_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)
+    draft_steps_per_round: list[int] = field(default_factory=list)   # tree depth: sequential draft steps
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -28,6 +29,16 @@ class GenerationStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
     @property
+    def draft_steps(self) -> int:
+        return sum(self.draft_steps_per_round)
+
+    @property
+    def step_acceptance_rate(self) -> float | None:
+        """Accepted / draft steps (tree depth): SWIFT's and Kangaroo's α. Equals
+        `acceptance_rate` for chains; for trees the siblings at a depth count once."""
+        return self.accepted_tokens / self.draft_steps if self.draft_steps else None
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
@@ -41,7 +52,10 @@ class GenerationStats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
             "target_forward_passes": self.target_forward_passes,
+            "step_acceptance_rate": (None if self.step_acceptance_rate is None
+                                     else round(self.step_acceptance_rate, 4)),
             "drafted_tokens": self.drafted_tokens,
+            "draft_steps": self.draft_steps,
             "accepted_tokens": self.accepted_tokens,
             "new_tokens": self.new_tokens,
             "draft_rounds": len(self.accepted_per_round),

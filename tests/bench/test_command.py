@@ -53,3 +53,4 @@ def test_bench_says_when_the_source_checkpoint_is_gone(checkpoints, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 1
     assert "source checkpoint" in err and str(copy) in err
+

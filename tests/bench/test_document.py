@@ -121,3 +121,15 @@ def test_report_and_chart(tmp_path):
     chart = tmp_path / "chart.png"
     write_chart(doc, chart)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_exits_3_when_a_lossless_engine_differs_from_hf(monkeypatch, tmp_path, capsys):
+    import specc.bench.command as command
+    from specc.cli.main import main
+
+    monkeypatch.setattr(command, "benchmark", lambda options: _document(corrupt_prompt=1))
+    out_json = tmp_path / "bench.json"
+    code = main(["bench", str(tmp_path), "--json", str(out_json)])
+    assert code == command.LOSSLESS_CHECK_FAILED == 3
+    assert "LOSSLESS CHECK FAILED" in capsys.readouterr().err
+    assert json.loads(out_json.read_text())["identity_flag"] is True     # the evidence is still written

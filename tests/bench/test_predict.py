@@ -44,7 +44,7 @@ def test_predict_combines_measured_costs():
     baseline = [GenerationStats(new_tokens=11, target_forward_passes=11, verify_seconds=1.0)]
     # engine: 8 drafted tokens in 0.4 s -> c = 0.05 / 0.1 = 0.5; M = 12 / 4 = 3; α = 6 / 8
     engine = [GenerationStats(new_tokens=12, target_forward_passes=4, drafted_tokens=8, accepted_tokens=6,
-                              accepted_per_round=[2, 2, 2], draft_seconds=0.4, verify_seconds=0.3,
+                              accepted_per_round=[2, 2, 2], draft_steps_per_round=[3, 3, 2], draft_seconds=0.4, verify_seconds=0.3,
                               prefill_seconds=0.1, wall_seconds=0.83)]
     p = predict(engine, baseline, {"num_draft_tokens": 3})
     assert p["target_forward_seconds"] == pytest.approx(0.1)
@@ -57,13 +57,24 @@ def test_predict_combines_measured_costs():
     assert s3d["improvement_factor"] == pytest.approx(3.0 / (0.1 + 4 / 3 + 1))
 
 
+def test_eq6_counts_tree_depth_not_tree_nodes():
+    # a tree round drafts 3 depths with 4 siblings each: 12 nodes but 3 sequential draft steps
+    baseline = [GenerationStats(new_tokens=11, target_forward_passes=11, verify_seconds=1.0)]
+    engine = [GenerationStats(new_tokens=10, target_forward_passes=4, drafted_tokens=36, accepted_tokens=6,
+                              accepted_per_round=[2, 2, 2], draft_steps_per_round=[3, 3, 3], draft_seconds=0.45,
+                              wall_seconds=1.0)]
+    eq6 = predict(engine, baseline, {})["swift_eq6"]
+    assert eq6["alpha"] == pytest.approx(6 / 9) and eq6["c"] == pytest.approx(0.05 / 0.1)
+    assert eq6["expected_speedup"] == pytest.approx(2.5 * (2 / 3) / (1.5 * 0.5 + 2 / 3))
+
+
 def test_predict_says_why_a_formula_does_not_apply():
     baseline = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
     plain = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
     p = predict(plain, baseline, {})
     assert p["swift_eq6"]["expected_speedup"] is None and "drafted no tokens" in p["swift_eq6"]["reason"]
     rejected = [GenerationStats(new_tokens=3, target_forward_passes=3, drafted_tokens=4, accepted_tokens=0,
-                                accepted_per_round=[0, 0], draft_seconds=0.1, wall_seconds=1.0)]
+                                accepted_per_round=[0, 0], draft_steps_per_round=[2, 2], draft_seconds=0.1, wall_seconds=1.0)]
     p = predict(rejected, baseline, {})
     assert p["swift_eq6"]["expected_speedup"] is None and "α = 0" in p["swift_eq6"]["reason"]
     assert p["s3d_eq12"]["improvement_factor"] is None and "draft depth" in p["s3d_eq12"]["reason"]

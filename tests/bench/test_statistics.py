@@ -53,9 +53,10 @@ def test_identity_flags_a_deliberately_different_output():
     assert result["mismatches"] == [{"prompt_index": 1, "first_difference": 1}]
 
 
-def _stats(new, forwards, drafted, accepted, rounds, **seconds):
+def _stats(new, forwards, drafted, accepted, rounds, steps=None, **seconds):
     return GenerationStats(new_tokens=new, target_forward_passes=forwards, drafted_tokens=drafted,
-                           accepted_tokens=accepted, accepted_per_round=rounds, **seconds)
+                           accepted_tokens=accepted, accepted_per_round=rounds,
+                           draft_steps_per_round=steps or [], **seconds)
 
 
 def test_ctar_counts_rounds_accepting_at_least_w():
@@ -65,11 +66,13 @@ def test_ctar_counts_rounds_accepting_at_least_w():
 
 
 def test_acceptance_pools_generations():
-    a = _stats(10, 4, 8, 6, [3, 2, 1])
-    b = _stats(5, 3, 4, 2, [2, 0])
+    a = _stats(10, 4, 8, 6, [3, 2, 1], steps=[3, 3, 2])
+    b = _stats(5, 3, 4, 2, [2, 0], steps=[2, 1])   # a tree: 4 nodes over 3 depths
     acc = st.acceptance([a, b])
     assert acc["mean_accepted_length"] == pytest.approx(15 / 7)
     assert acc["acceptance_rate"] == pytest.approx(8 / 12)
+    assert acc["step_acceptance_rate"] == pytest.approx(8 / 11) and acc["draft_steps"] == 11
+    assert b.step_acceptance_rate == pytest.approx(2 / 3)
     assert acc["ctar"] == {"1": 0.8, "2": 0.6, "3": 0.2, "4": 0.0, "5": 0.0, "6": 0.0}
     assert acc["accepted_per_round_histogram"] == {"0": 1, "1": 1, "2": 2, "3": 1}
     # the runtime's own per-generation CTAR agrees on a single generation
@@ -79,7 +82,7 @@ def test_acceptance_pools_generations():
 def test_acceptance_without_drafting():
     acc = st.acceptance([_stats(8, 8, 0, 0, [])])
     assert acc["mean_accepted_length"] == 1.0
-    assert acc["acceptance_rate"] is None
+    assert acc["acceptance_rate"] is None and acc["step_acceptance_rate"] is None
     assert acc["ctar"]["1"] is None and acc["accepted_per_round_histogram"] == {}
 
 

@@ -140,9 +140,10 @@ def test_trees_and_fixed_steps_match_hf_greedy(engines, one_thread, family, vari
             "no sibling was ever accepted; the tree lost coverage"
 
 
-@pytest.mark.slow
-def test_inductor_matches_hf_greedy(engines, one_thread):
-    engine, target = engines("llama", "inductor")
+@pytest.mark.parametrize("family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in FAMILIES])
+def test_inductor_matches_hf_greedy(engines, one_thread, family):
+    engine, target = engines(family, "inductor")
     assert engine.compile_seconds > 0
     assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
 

@@ -63,6 +63,26 @@ def test_eager_matches_hf_greedy(swift_checkpoint, tmp_path, family):
     assert sum(r.stats.accepted_tokens for r in results) > 0
     assert sum(r.stats.target_forward_passes for r in results) < sum(r.stats.new_tokens for r in results)
     assert engine.drafter.search.state.tries > 0, "the layer-set search never ran"
+    steps, nodes = (sum(getattr(r.stats, k) for r in results) for k in ("draft_steps", "drafted_tokens"))
+    assert 0 < steps <= nodes, "α per draft step counts each tree depth once"
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES if f != "llama"])
+def test_inductor_matches_hf_greedy_while_searching(swift_checkpoint, tmp_path, family):
+    checkpoint = swift_checkpoint(family)
+    engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor")
+    results = assert_identical(engine, checkpoint, varied_prompts(NUM_PROMPTS, 96, seed=11))
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert engine.drafter.search.state.tries > 0, "the layer-set search never ran"
+
+
+@pytest.mark.slow
+def test_aoti_verification_with_inductor_drafting_matches_hf_greedy(swift_checkpoint, tmp_path):
+    checkpoint = swift_checkpoint("llama")
+    engine = compile_swift(checkpoint, tmp_path / "engine", backend="aoti")
+    assert (engine.path / "compiled" / "target.pt2").is_file()
+    results = assert_identical(engine, checkpoint, varied_prompts(NUM_PROMPTS, 96, seed=11))
+    assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
 def test_inductor_matches_hf_greedy_and_skip_sets_do_not_recompile(swift_checkpoint, tmp_path):
