@@ -85,7 +85,7 @@ def run_suite(args: argparse.Namespace) -> int:
         "machine": machine_info(), "versions": versions(), "methods": results,
         "omitted": "each method's per-run records (`runs`); `specc bench --json` keeps them",
     }
-    stem = f"{suite['device']}-{args.model_spec}"
+    stem = results_stem(suite)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / f"{stem}.json").write_text(json.dumps(suite, indent=1) + "\n")
     table = markdown_table(suite)
@@ -93,8 +93,26 @@ def run_suite(args: argparse.Namespace) -> int:
     print(f"\nwrote {args.results_dir / stem}.json and .md", file=sys.stderr)
     print(table)
     if args.update_readme:
-        update_readme(REPO / "README.md", table)
+        update_readme(REPO / "README.md", readme_section(args.results_dir))
     return 1 if any(r["status"] == "failed" for r in results.values()) else 0
+
+
+def results_stem(suite: dict) -> str:
+    backend = suite["settings"]["backend"]
+    return f"{suite['device']}-{suite['model_spec']}" + ("" if backend == "eager" else f"-{backend}")
+
+
+def readme_section(results_dir: Path) -> str:
+    """Every committed suite's table, by device, then model size (smallest first), then backend."""
+    from specc.refmodels import REFERENCE_MODELS
+
+    order = list(REFERENCE_MODELS)
+    suites = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+    suites = [s for s in suites if s.get("schema") == SUITE_SCHEMA]
+    suites.sort(key=lambda s: (s["device"], order.index(s["model_spec"]) if s["model_spec"] in order else len(order),
+                               s["settings"]["backend"]))
+    header = "Committed results (`benchmarks/results/`; rerun with `python benchmarks/run_all.py --update-readme`):"
+    return "\n".join([header] + ["\n" + markdown_table(s) for s in suites]) + "\n"
 
 
 def selected_methods(names: str | None) -> list:
@@ -169,10 +187,12 @@ def _max_seq_len(checkpoint: Path) -> int:
 def markdown_table(suite: dict) -> str:
     settings = suite["settings"]
     lines = [
+        f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}.** "
         f"Device `{suite['device']}`, reference model `{suite['model_spec']}`, backend {settings['backend']}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
         f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
+        f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
         f"{' --quick' if settings['quick'] else ''}`).",
         "",
         "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "

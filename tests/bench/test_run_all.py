@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import importlib.util
 from pathlib import Path
 
@@ -66,6 +68,20 @@ def test_readme_section_is_replaced_only_between_markers(run_all, tmp_path):
     assert not run_all.update_readme(readme, "| new |\n")
     assert readme.read_text() == "no markers here\n"
     assert not run_all.update_readme(tmp_path / "missing.md", "x")
+
+
+def test_readme_section_orders_every_committed_suite(run_all, tmp_path):
+    for spec, backend in (("tiny", "eager"), ("small", "inductor"), ("small", "eager")):
+        suite = _suite() | {"model_spec": spec, "schema": run_all.SUITE_SCHEMA}
+        suite["settings"] = suite["settings"] | {"backend": backend, "quick": False}
+        (tmp_path / f"{run_all.results_stem(suite)}.json").write_text(json.dumps(suite))
+    (tmp_path / "other.json").write_text("{}")
+    section = run_all.readme_section(tmp_path)
+    headers = [line.split(".**")[0] for line in section.splitlines() if line.startswith("**")]
+    assert headers == ["**tiny, eager, cpu-test", "**small, eager, cpu-test", "**small, inductor, cpu-test"]
+    assert "--model-spec small --backend inductor`" in section
+    assert sorted(p.name for p in tmp_path.glob("*.json"))[:3] == ["cpu-test-small-inductor.json",
+                                                                   "cpu-test-small.json", "cpu-test-tiny.json"]
 
 
 def test_draft_vocabulary_check(run_all, tmp_path):
