@@ -70,7 +70,8 @@ def test_eager_matches_hf_greedy(swift_checkpoint, tmp_path, family):
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES if f != "llama"])
 def test_inductor_matches_hf_greedy_while_searching(swift_checkpoint, tmp_path, family):
     checkpoint = swift_checkpoint(family)
-    engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor")
+    engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor",
+                           settings=[*RUN_SETTINGS, "segment_backend=inductor"])
     results = assert_identical(engine, checkpoint, varied_prompts(NUM_PROMPTS, 96, seed=11))
     assert sum(r.stats.accepted_tokens for r in results) > 0
     assert engine.drafter.search.state.tries > 0, "the layer-set search never ran"
@@ -90,7 +91,7 @@ def test_inductor_matches_hf_greedy_and_skip_sets_do_not_recompile(swift_checkpo
 
     checkpoint = swift_checkpoint("llama")
     engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor",
-                           settings=["calib_prompts=0", "adapt=false"])
+                           settings=["calib_prompts=0", "adapt=false", "segment_backend=inductor"])
     prompts = varied_prompts(8, 96, seed=11)
     assert_identical(engine, checkpoint, prompts[:4])
     graphs = counters["stats"]["unique_graphs"]
@@ -208,5 +209,7 @@ def test_config_rejects_bad_values():
         SwiftConfig.from_assignments(["tree_band_percent=50,80,95"])
     with pytest.raises(UsageError, match="skip_ratio"):
         SwiftConfig.from_assignments(["skip_ratio=1.5"])
+    with pytest.raises(UsageError, match="segment_backend"):
+        SwiftConfig.from_assignments(["segment_backend=aoti"])
     config = SwiftConfig()
     assert [config.fan_width(p) for p in (0.99, 0.9, 0.6, 0.2)] == [1, 3, 5, 10]
