@@ -196,8 +196,8 @@ def markdown_table(suite: dict) -> str:
         f"{' --quick' if settings['quick'] else ''}`).",
         "",
         "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "
-        "| M | α per step | α per token | identical to HF | SWIFT eq. 6 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| M | α per step | α per token | identical to HF | SWIFT eq. 6 | eq. 6, measured verify cost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for name, result in suite["methods"].items():
@@ -216,7 +216,8 @@ def _table_row(name: str, doc: dict) -> str:
     engine = overall["systems"]["engine"]
     acceptance = engine.get("acceptance", {})
     identity = doc["identity"]
-    swift = overall["prediction"]["swift_eq6"].get("expected_speedup")
+    eq6 = overall["prediction"]["swift_eq6"]
+    predictions = [eq6.get("expected_speedup"), eq6.get("with_measured_verify")]
     rates = [acceptance.get("step_acceptance_rate"), acceptance.get("acceptance_rate")]
     same = f"{identity['identical']}/{identity['total']}" + (" ⚠" if doc["identity_flag"] else "")
     cells = [
@@ -227,7 +228,7 @@ def _table_row(name: str, doc: dict) -> str:
         f"{acceptance['mean_accepted_length']:.2f}" if acceptance else "—",
         *("—" if rate is None else f"{rate:.2f}" for rate in rates),
         same,
-        "—" if swift is None else f"{swift:.2f}×",
+        *("—" if value is None else f"{value:.2f}×" for value in predictions),
     ]
     return "| " + " | ".join(cells) + " |"
 

@@ -6,7 +6,12 @@ step and c = draft cost per draft step / target forward cost. (M − 1)/α is
 the draft steps per round, so the denominator is a round's cost in target
 forwards. A draft step is one sequential drafter call: for a tree it
 proposes every sibling at that depth, so α and c are per depth, not per
-node (for chains the two coincide).
+node (for chains the two coincide). Eq. 6 assumes verifying a round costs
+one plain forward; `with_measured_verify` replaces that 1 by v, the
+measured verification time per round over a plain forward:
+E_v = M·α / ((M − 1)·c + α·v). Where E_v is near the measurement and E is
+not, the gap is verification cost (on CPU a forward's cost grows with the
+tokens verified); where both are off, it is elsewhere in the loop.
 
 S3D eq. 11–12:  τ(γ) = Σ_{n=1}^{γ+1} n · Π_{k<n} α_k · z_n, z_n = 1 − α_n for
 n ≤ γ and 1 for n = γ + 1;  IF = τ / (δ + β + 1), where α_k is the
@@ -30,11 +35,13 @@ DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "max_draft_tokens", "max_draft_steps",
                       "num_speculative_tokens")
 
 
-def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float) -> float:
+def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float,
+                           verify_cost: float = 1.0) -> float:
     m, a, c = mean_accepted_length, acceptance_rate, cost_ratio
-    if m < 1 or not 0 < a <= 1 or c < 0:
-        raise ValueError(f"SWIFT eq. 6 needs M >= 1, 0 < α <= 1 and c >= 0; got M={m}, α={a}, c={c}")
-    return m * a / ((m - 1) * c + a)
+    if m < 1 or not 0 < a <= 1 or c < 0 or verify_cost <= 0:
+        raise ValueError(f"SWIFT eq. 6 needs M >= 1, 0 < α <= 1, c >= 0 and v > 0; got M={m}, α={a}, c={c}, "
+                         f"v={verify_cost}")
+    return m * a / ((m - 1) * c + a * verify_cost)
 
 
 def s3d_tau(per_depth_acceptance: list[float]) -> float:
@@ -101,8 +108,10 @@ def predict(engine_stats: list[GenerationStats], baseline_stats: list[Generation
     m, alpha = new_tokens / forwards, accepted / drafted
     c = draft_seconds / drafted / target
     result["draft_seconds_per_draft_step"] = draft_seconds / drafted
+    v = sum(s.verify_seconds for s in engine_stats) / max(1, forwards - len(engine_stats)) / target
     result["swift_eq6"] = (
-        {"expected_speedup": swift_expected_speedup(m, alpha, c), "M": m, "alpha": alpha, "c": c}
+        {"expected_speedup": swift_expected_speedup(m, alpha, c), "M": m, "alpha": alpha, "c": c,
+         "v": v, "with_measured_verify": swift_expected_speedup(m, alpha, c, verify_cost=v) if v > 0 else None}
         if alpha > 0 else
         {"expected_speedup": None, "M": m, "alpha": alpha, "c": c,
          "reason": "no draft token was accepted (α = 0), where eq. 6 is undefined"}

@@ -87,7 +87,10 @@ def _prediction_lines(prediction: dict) -> list[str]:
     swift, s3d = prediction["swift_eq6"], prediction["s3d_eq12"]
     if swift["expected_speedup"] is not None:
         lines.append(f"predicted, SWIFT eq. 6: {swift['expected_speedup']:.2f}x  "
-                     f"(M {swift['M']:.2f}, α {swift['alpha']:.3f}, c {swift['c']:.3f})")
+                     f"(M {swift['M']:.2f}, α {swift['alpha']:.3f}, c {swift['c']:.3f})"
+                     + ("" if swift.get("with_measured_verify") is None else
+                        f"; {swift['with_measured_verify']:.2f}x with the measured verification cost "
+                        f"(v {swift['v']:.2f} plain forwards per round)"))
     else:
         lines.append(f"predicted, SWIFT eq. 6: n/a ({swift['reason']})")
     if s3d["improvement_factor"] is not None:

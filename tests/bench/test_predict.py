@@ -14,6 +14,8 @@ def test_swift_eq6_hand_values():
     assert swift_expected_speedup(3.0, 0.8, 0.5) == pytest.approx(4 / 3)
     assert swift_expected_speedup(5.0, 1.0, 0.0) == pytest.approx(5.0)     # free drafts: E = M
     assert swift_expected_speedup(1.0, 0.5, 0.3) == pytest.approx(1.0)     # nothing gained, nothing lost
+    # verification twice as dear as a plain forward: 2.4 / (1.0 + 1.6)
+    assert swift_expected_speedup(3.0, 0.8, 0.5, verify_cost=2.0) == pytest.approx(2.4 / 2.6)
     with pytest.raises(ValueError):
         swift_expected_speedup(2.0, 0.0, 0.5)
 
@@ -50,6 +52,9 @@ def test_predict_combines_measured_costs():
     assert p["target_forward_seconds"] == pytest.approx(0.1)
     assert p["swift_eq6"]["c"] == pytest.approx(0.5)
     assert p["swift_eq6"]["expected_speedup"] == pytest.approx(3 * 0.75 / (2 * 0.5 + 0.75))
+    # 3 verification rounds (4 forwards, one is the prefill) in 0.3 s: v = 0.1 / 0.1 = 1
+    assert p["swift_eq6"]["v"] == pytest.approx(1.0)
+    assert p["swift_eq6"]["with_measured_verify"] == pytest.approx(p["swift_eq6"]["expected_speedup"])
     s3d = p["s3d_eq12"]
     assert s3d["gamma"] == 3 and s3d["tau"] == pytest.approx(3.0)
     assert s3d["beta"] == pytest.approx(0.4 / 3 / 0.1)

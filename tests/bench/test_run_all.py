@@ -36,7 +36,7 @@ def _bench(identical=3, flag=False):
                                    "acceptance": {"mean_accepted_length": 2.5, "acceptance_rate": 0.25,
                                                   "step_acceptance_rate": 0.75}}},
             "speedup": {"hf-greedy": spread, "specc-none": spread},
-            "prediction": {"swift_eq6": {"expected_speedup": 1.7}},
+            "prediction": {"swift_eq6": {"expected_speedup": 1.7, "with_measured_verify": 1.2}},
         },
     }
 
@@ -52,7 +52,7 @@ def _suite():
 
 def test_markdown_table(run_all):
     table = run_all.markdown_table(_suite())
-    row = "| `good` | yes | 18.0 | 1.50× (1.40–1.60) | 1.50× (1.40–1.60) | — | — | 2.50 | 0.75 | 0.25 | 3/3 | 1.70× |"
+    row = "| `good` | yes | 18.0 | 1.50× (1.40–1.60) | 1.50× (1.40–1.60) | — | — | 2.50 | 0.75 | 0.25 | 3/3 | 1.70× | 1.20× |"
     assert row in table
     assert "| 2/3 ⚠ |" in table
     assert "- `draft-model` skipped: no usable draft model: sizes differ" in table
