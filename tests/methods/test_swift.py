@@ -78,7 +78,7 @@ def test_inductor_matches_hf_greedy_while_searching(swift_checkpoint, tmp_path, 
 
 
 @pytest.mark.slow
-def test_aoti_verification_with_inductor_drafting_matches_hf_greedy(swift_checkpoint, tmp_path):
+def test_aoti_verification_with_eager_segments_matches_hf_greedy(swift_checkpoint, tmp_path):
     checkpoint = swift_checkpoint("llama")
     engine = compile_swift(checkpoint, tmp_path / "engine", backend="aoti")
     assert (engine.path / "compiled" / "target.pt2").is_file()
