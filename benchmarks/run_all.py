@@ -41,15 +41,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="eager", help="engine backend for every method (default eager)")
     parser.add_argument("--methods", help="comma-separated subset of methods (default: all registered)")
+    parser.add_argument("--set", dest="method_settings", action="append", default=[], metavar="METHOD:KEY=VALUE",
+                        help="a config field for one method (repeatable); the suite then needs a --tag")
+    parser.add_argument("--tag", help="name of a non-default variant: results go to <device>-<model>[-<backend>]-<tag>")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README.md between the bench markers with the table")
     args = parser.parse_args(argv)
     if args.quick:
         args.model_spec = "tiny"
+    args.method_settings = _method_settings(parser, args.method_settings)
+    if args.method_settings and not args.tag:
+        parser.error("--set changes a method's defaults: name the variant with --tag so its results are not "
+                     "mistaken for the defaults'")
     args.num_prompts = args.num_prompts or (4 if args.quick else 16)
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
     return args
+
+
+def _method_settings(parser: argparse.ArgumentParser, assignments: list[str]) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for assignment in assignments:
+        method, sep, field = assignment.partition(":")
+        if not sep or "=" not in field:
+            parser.error(f"--set {assignment}: expected METHOD:KEY=VALUE, e.g. swift:tree_widths=1,2,3,4")
+        settings.setdefault(method, []).append(field)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +86,13 @@ def run_suite(args: argparse.Namespace) -> int:
 
     target = build_reference_model(args.model_spec)
     draft = build_reference_model(DRAFT_SPEC)
-    engines = ENGINES / args.model_spec
+    engines = ENGINES / "-".join(filter(None, [args.model_spec, args.backend, args.tag]))
     max_seq_len = _max_seq_len(target)
+    unknown = set(args.method_settings) - {m.name for m in selected_methods(args.methods)}
+    if unknown:
+        print(f"run_all: error: --set names {', '.join(sorted(unknown))}, not among the methods run",
+              file=sys.stderr)
+        return 2
     baseline = compile_method("none", target, None, engines, args.backend, max_seq_len)
     results = {}
     for method in selected_methods(args.methods):
@@ -81,7 +103,8 @@ def run_suite(args: argparse.Namespace) -> int:
         "model_spec": args.model_spec, "model_checkpoint": str(target), "draft_spec": DRAFT_SPEC,
         "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
-                     "quick": args.quick},
+                     "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
+                     "methods": args.methods},
         "machine": machine_info(), "versions": versions(), "methods": results,
         "omitted": "each method's per-run records (`runs`); `specc bench --json` keeps them",
     }
@@ -98,8 +121,9 @@ def run_suite(args: argparse.Namespace) -> int:
 
 
 def results_stem(suite: dict) -> str:
-    backend = suite["settings"]["backend"]
-    return f"{suite['device']}-{suite['model_spec']}" + ("" if backend == "eager" else f"-{backend}")
+    settings = suite["settings"]
+    backend, tag = settings["backend"], settings.get("tag")
+    return "-".join(filter(None, [suite["device"], suite["model_spec"], None if backend == "eager" else backend, tag]))
 
 
 def readme_section(results_dir: Path) -> str:
@@ -110,7 +134,7 @@ def readme_section(results_dir: Path) -> str:
     suites = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     suites = [s for s in suites if s.get("schema") == SUITE_SCHEMA]
     suites.sort(key=lambda s: (s["device"], order.index(s["model_spec"]) if s["model_spec"] in order else len(order),
-                               s["settings"]["backend"]))
+                               s["settings"]["backend"], s["settings"].get("tag") or ""))
     header = "Committed results (`benchmarks/results/`; rerun with `python benchmarks/run_all.py --update-readme`):"
     return "\n".join([header] + ["\n" + markdown_table(s) for s in suites]) + "\n"
 
@@ -138,7 +162,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     try:
         engine = (baseline if method.name == "none" else
                   compile_method(method.name, target, draft if method.needs_draft_model else None, engines,
-                                 args.backend, max_seq_len))
+                                 args.backend, max_seq_len, args.method_settings.get(method.name, [])))
         doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                      repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
     except Exception as exc:  # one broken method must not hide the others' results; it is reported loudly
@@ -153,14 +177,14 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
 
 
 def compile_method(name: str, target: Path, draft: Path | None, engines: Path, backend: str,
-                   max_seq_len: int) -> Path:
+                   max_seq_len: int, settings: list[str] = ()) -> Path:
     from specc.compiler import CompileRequest, compile_engine
 
     output = engines / name
     output.parent.mkdir(parents=True, exist_ok=True)
     print(f"compiling {name} ({backend}) into {output}", file=sys.stderr)
     compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend,
-                                  max_seq_len=max_seq_len, force=True,
+                                  max_seq_len=max_seq_len, force=True, settings=list(settings),
                                   draft_model=str(draft) if draft is not None else None))
     return output
 
@@ -186,13 +210,19 @@ def _max_seq_len(checkpoint: Path) -> int:
 
 def markdown_table(suite: dict) -> str:
     settings = suite["settings"]
+    tag, changed = settings.get("tag"), settings.get("method_settings") or {}
+    variant = "" if not tag else f", variant `{tag}` (" + "; ".join(
+        f"{m}: {', '.join(fields)}" for m, fields in changed.items()) + ")"
     lines = [
-        f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}.** "
+        f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}{variant}.** "
         f"Device `{suite['device']}`, reference model `{suite['model_spec']}`, backend {settings['backend']}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
         f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
+        + (f" --methods {settings['methods']}" if settings.get("methods") else "")
+        + "".join(f" --set {m}:{field}" for m, fields in changed.items() for field in fields)
+        + (f" --tag {tag}" if tag else "") +
         f"{' --quick' if settings['quick'] else ''}`).",
         "",
         "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "

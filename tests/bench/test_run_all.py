@@ -84,6 +84,24 @@ def test_readme_section_orders_every_committed_suite(run_all, tmp_path):
                                                                    "cpu-test-small.json", "cpu-test-tiny.json"]
 
 
+def test_a_tuned_variant_is_named_and_reproducible(run_all):
+    with pytest.raises(SystemExit):
+        run_all.parse_args(["--set", "swift:tree_widths=1,2,3,4"])           # no --tag
+    with pytest.raises(SystemExit):
+        run_all.parse_args(["--set", "tree_widths=1,2,3,4", "--tag", "x"])   # no METHOD:
+    args = run_all.parse_args(["--methods", "swift", "--set", "swift:tree_widths=1,2,3,4",
+                               "--set", "swift:adapt=false", "--tag", "narrow"])
+    assert args.method_settings == {"swift": ["tree_widths=1,2,3,4", "adapt=false"]}
+    suite = _suite()
+    suite["settings"] |= {"tag": "narrow", "method_settings": args.method_settings, "methods": "swift",
+                          "quick": False}
+    assert run_all.results_stem(suite) == "cpu-test-tiny-narrow"
+    table = run_all.markdown_table(suite)
+    assert "variant `narrow` (swift: tree_widths=1,2,3,4, adapt=false)" in table
+    assert ("`python benchmarks/run_all.py --model-spec tiny --methods swift --set swift:tree_widths=1,2,3,4 "
+            "--set swift:adapt=false --tag narrow`") in table
+
+
 def test_draft_vocabulary_check(run_all, tmp_path):
     a = build_tiny_checkpoint("llama", tmp_path / "a", num_hidden_layers=1)
     b = build_tiny_checkpoint("llama", tmp_path / "b", seed=1, num_hidden_layers=1)
