@@ -136,10 +136,8 @@ def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, request: Co
     seconds = 0.0
     dtype = getattr(torch, request.dtype)
     for name, graph in program.graphs.items():
-        arch = graph.architecture
-        shape = (1, arch.num_key_value_heads, request.max_seq_len + 1, arch.head_dim)
         log.info("packaging %s with AOTInductor", name)
-        seconds += package_aoti(graph.module, [shape] * (2 * arch.num_layers), dtype, request.max_seq_len,
+        seconds += package_aoti(graph.module, graph.architecture, dtype, request.max_seq_len,
                                 staging / "compiled" / f"{name}.pt2")
     return seconds
 

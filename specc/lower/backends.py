@@ -3,10 +3,13 @@
 Inputs of every decoding graph: input_ids [1, q], position_ids [1, q],
 attn_mask [1, 1, q, kv], cache_positions [q], then the caches. q and kv
 are dynamic; the caches are static, one slot longer than max_seq_len.
+Method graphs may add inputs after those; the AOTInductor packager knows
+`exit_hidden` [1, q, hidden] (Kangaroo's stored exit states).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -14,8 +17,13 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from specc.capture.families import ArchitectureSummary
 from specc.errors import SpeccError
 from specc.methods.infrastructure import DECODING_INPUTS
+
+
+CACHE_INPUT = re.compile(r"[kv]_cache_\w+")
+EXIT_HIDDEN = "exit_hidden"
 
 
 def lower_eager(gm: fx.GraphModule) -> Callable:
@@ -27,11 +35,11 @@ def lower_inductor(gm: fx.GraphModule) -> Callable:
     return torch.compile(gm, dynamic=True, fullgraph=True)
 
 
-def package_aoti(gm: fx.GraphModule, cache_shapes: list[tuple], dtype: torch.dtype, max_seq_len: int,
+def package_aoti(gm: fx.GraphModule, architecture: ArchitectureSummary, dtype: torch.dtype, max_seq_len: int,
                  package_path: Path) -> float:
     """Export the rewritten graph with dynamic q/kv and package it; returns seconds."""
     start = time.perf_counter()
-    example, dynamic = _example_inputs(gm, cache_shapes, dtype, max_seq_len)
+    example, dynamic = _example_inputs(gm, architecture, dtype, max_seq_len)
     try:
         exported = torch.export.export(gm, example, dynamic_shapes=dynamic, strict=False)
         torch._inductor.aoti_compile_and_package(exported, package_path=str(package_path))
@@ -44,19 +52,29 @@ def load_aoti(package_path: Path) -> Callable:
     return torch._inductor.aoti_load_package(str(package_path))
 
 
-def _example_inputs(gm: fx.GraphModule, cache_shapes, dtype, max_seq_len):
+def _example_inputs(gm: fx.GraphModule, arch: ArchitectureSummary, dtype: torch.dtype, max_seq_len: int):
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
     if tuple(names[:4]) != DECODING_INPUTS:
         raise SpeccError(f"graph inputs {names[:4]} are not the decoding layout {list(DECODING_INPUTS)}")
     q = torch.export.Dim("q", min=1, max=max_seq_len)
     kv = torch.export.Dim("kv", min=1, max=max_seq_len)
     q_len, kv_len = 3, 5
-    example = (
+    example = [
         torch.zeros(1, q_len, dtype=torch.long),
         torch.arange(2, 2 + q_len)[None],
         torch.ones(1, 1, q_len, kv_len, dtype=torch.bool),
         torch.arange(2, 2 + q_len),
-        *[torch.zeros(shape, dtype=dtype) for shape in cache_shapes],
-    )
-    dynamic = ({1: q}, {1: q}, {2: q, 3: kv}, {0: q}, *[None] * len(cache_shapes))
-    return example, dynamic
+    ]
+    dynamic = [{1: q}, {1: q}, {2: q, 3: kv}, {0: q}]
+    cache_shape = (1, arch.num_key_value_heads, max_seq_len + 1, arch.head_dim)
+    for name in names[4:]:
+        if CACHE_INPUT.fullmatch(name):
+            example.append(torch.zeros(cache_shape, dtype=dtype))
+            dynamic.append(None)
+        elif name == EXIT_HIDDEN:
+            example.append(torch.zeros(1, q_len, arch.hidden_size, dtype=dtype))
+            dynamic.append({1: q})
+        else:
+            raise SpeccError(f"AOTInductor cannot package graph input {name!r}: the packager knows the decoding "
+                             f"inputs, k/v caches and {EXIT_HIDDEN!r}; use --backend eager or inductor")
+    return tuple(example), tuple(dynamic)

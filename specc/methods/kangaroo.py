@@ -114,6 +114,4 @@ register(MethodDescriptor(
     graphs=_graphs,
     make_drafter=_make_drafter,
     train=_train,
-    # deep/adapter graphs take method-specific inputs the AOTInductor packager does not build yet
-    backends=("eager", "inductor"),
 ))

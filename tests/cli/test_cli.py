@@ -128,8 +128,14 @@ def test_console_script_is_installed():
     assert bad.returncode == 2
 
 
-def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, capsys):
+def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, capsys, monkeypatch):
+    import dataclasses
+
+    from specc.methods import descriptor
+
+    eager_only = dataclasses.replace(descriptor.get_method("none"), name="eager-only", backends=("eager",))
+    monkeypatch.setitem(descriptor._REGISTRY, "eager-only", eager_only)
     root, checkpoint = workspace
-    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "kangaroo", "--backend", "aoti",
+    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "eager-only", "--backend", "aoti",
                            "-o", str(root / "x"))
     assert code == 2 and "does not support backend 'aoti'" in err and not (root / "x").exists()

@@ -148,6 +148,14 @@ def test_inductor_matches_hf_greedy(engines, one_thread, family):
     assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
 
 
+@pytest.mark.slow
+def test_aoti_packages_every_graph_and_matches_hf_greedy(engines, one_thread):
+    engine, target = engines("llama", "aoti")
+    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["adapter.pt2", "deep.pt2", "shallow.pt2"]
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
 # --- the shallow layers run once per token -------------------------------------
 
 
