@@ -18,6 +18,31 @@ import statistics
 import torch
 
 
+def measure(engine_dir: str, prompts: str = "code", skip_first: int = 8, num_prompts: int = 8,
+            max_new_tokens: int = 64) -> dict:
+    """{"initial"|"stored": {"skip": description, "scores": [per prompt]}}."""
+    from specc.bench.prompts import load_prompt_set
+    from specc.engine.loaded import load_engine
+    from specc.methods.swift_search import describe_skip_set, odd_layers
+
+    engine = load_engine(engine_dir)
+    if engine.manifest["method"] != "swift":
+        raise SystemExit(f"{engine_dir} is a {engine.manifest['method']!r} engine, not swift")
+    drafter = engine.drafter
+    drafter.config = dataclasses.replace(drafter.config, adapt=False)   # score fixed sets only
+    sets = {"initial": odd_layers(drafter.skippable), "stored": drafter.skip_set}
+    result = {name: {"skip": describe_skip_set(skip), "scores": []} for name, skip in sets.items()}
+    for prompt in load_prompt_set(prompts, skip_first + num_prompts).prompts[skip_first:]:
+        ids = engine.encode(prompt.text)
+        tokens = ids + engine.generate_ids(ids, max_new_tokens).token_ids
+        if len(tokens) - len(ids) < drafter.config.context_window + 1:
+            continue   # too short to score a full window (stopped at EOS)
+        with torch.inference_mode():
+            for name, skip in sets.items():
+                result[name]["scores"].append(drafter.matchness(tokens, len(ids), skip))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("engine")
@@ -26,29 +51,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-
-    from specc.bench.prompts import load_prompt_set
-    from specc.engine.loaded import load_engine
-    from specc.methods.swift_search import describe_skip_set, odd_layers
-
-    engine = load_engine(args.engine)
-    drafter = engine.drafter
-    drafter.config = dataclasses.replace(drafter.config, adapt=False)   # score fixed sets only
-    stored = drafter.skip_set
-    initial = odd_layers(drafter.skippable)
-    prompts = load_prompt_set(args.prompts, args.skip_first + args.num_prompts).prompts[args.skip_first:]
-    scores = {"initial": [], "stored": []}
-    for prompt in prompts:
-        ids = engine.encode(prompt.text)
-        tokens = ids + engine.generate_ids(ids, args.max_new_tokens).token_ids
-        if len(tokens) - len(ids) < drafter.config.context_window + 1:
-            continue
-        with torch.inference_mode():
-            for name, skip in (("initial", initial), ("stored", stored)):
-                scores[name].append(drafter.matchness(tokens, len(ids), skip))
-    for name, skip in (("initial", initial), ("stored", stored)):
-        print(f"{name:<8} {describe_skip_set(skip):<28} matchness mean {statistics.mean(scores[name]):.3f} "
-              f"over {len(scores[name])} held-out prompts")
+    result = measure(args.engine, args.prompts, args.skip_first, args.num_prompts, args.max_new_tokens)
+    for name, entry in result.items():
+        if not entry["scores"]:
+            raise SystemExit("no prompt generated enough tokens to score a window; raise --max-new-tokens")
+        print(f"{name:<8} {entry['skip']:<28} matchness mean {statistics.mean(entry['scores']):.3f} "
+              f"over {len(entry['scores'])} held-out prompts")
 
 
 if __name__ == "__main__":
