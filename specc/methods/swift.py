@@ -77,7 +77,7 @@ class SwiftConfig(MethodConfig):
                                                          "3,5,8,10 for greedy)")
     segment_backend: str = option("eager", "how the drafter's sublayer segments run when the engine's backend "
                                            "is inductor or aoti (verification always uses the engine's "
-                                           "backend): eager, or inductor (on the 2-core CPU, 8-layer `small` "
+                                           "backend): eager, or inductor (on the 2-core CPU, 8-layer `small-qwen2` "
                                            "model a draft step took 6.3 ms with inductor segments and 4.3 ms "
                                            "eager: per-call overhead outweighs fusion at this size)")
     calib_prompts: int = option(8, "compile: optimise the skip set on this many calibration prompts first "
