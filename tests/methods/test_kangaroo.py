@@ -140,8 +140,7 @@ def test_trees_and_fixed_steps_match_hf_greedy(engines, one_thread, family, vari
             "no sibling was ever accepted; the tree lost coverage"
 
 
-@pytest.mark.parametrize("family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow)
-                                    for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_inductor_matches_hf_greedy(engines, one_thread, family):
     engine, target = engines(family, "inductor")
     assert engine.compile_seconds > 0
