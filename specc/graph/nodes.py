@@ -36,6 +36,12 @@ def attention_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target == SDPA]
 
 
+def calls_submodules(gm: fx.GraphModule, prefixes: tuple[str, ...]) -> bool:
+    """Whether the graph already calls submodules named with one of `prefixes`
+    (a segmenting pass has run on it)."""
+    return any(n.op == "call_module" and str(n.target).startswith(prefixes) for n in gm.graph.nodes)
+
+
 def placeholder(graph: fx.Graph, name: str) -> fx.Node | None:
     return next((n for n in graph.nodes if n.op == "placeholder" and n.target == name), None)
 

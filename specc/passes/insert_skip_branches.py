@@ -39,7 +39,7 @@ import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
 from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import SDPA, layer_index, module_path
+from specc.graph.nodes import SDPA, calls_submodules, layer_index, module_path
 from specc.passes.base import GraphPass, PassResult
 from specc.passes.segment_by_layer import _partition_order, _rename_submodules
 
@@ -72,7 +72,7 @@ class InsertSkipBranches(GraphPass):
         self.config = config
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        if _is_segmented(gm):
+        if calls_submodules(gm, _SEGMENT_PREFIXES):
             return PassResult.unchanged(gm)
         layout = _find_sublayers(gm.graph, self.config)
         if layout is None:
@@ -90,10 +90,6 @@ class InsertSkipBranches(GraphPass):
 def skip_branches(gm: fx.GraphModule) -> list[str]:
     """Names of the skippable segments, in call order."""
     return [n.target for n in gm.graph.nodes if n.op == "call_module" and n.meta.get("specc_role") == SKIP_BRANCH_ROLE]
-
-
-def _is_segmented(gm: fx.GraphModule) -> bool:
-    return any(n.op == "call_module" and str(n.target).startswith(_SEGMENT_PREFIXES) for n in gm.graph.nodes)
 
 
 def _find_sublayers(graph: fx.Graph, config: SkipBranchesConfig) -> tuple[dict[fx.Node, str], dict[str, str]] | None:

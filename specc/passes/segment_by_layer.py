@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from specc.graph.nodes import layer_index
+from specc.graph.nodes import calls_submodules, layer_index
 from specc.passes.base import GraphPass, PassResult
 
 
@@ -30,7 +30,7 @@ class SegmentByLayer(GraphPass):
         self.config = config
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        if is_segmented(gm):
+        if calls_submodules(gm, ("layer_", "prologue")):
             return PassResult.unchanged(gm)
         partition = _partition_by_layer(gm.graph)
         if not any(p.startswith("layer_") for p in partition.values()):
@@ -42,10 +42,6 @@ class SegmentByLayer(GraphPass):
         split.graph.lint()
         split.recompile()
         return PassResult(split, True, inserted=sorted(names.values(), key=lambda n: order[n]))
-
-
-def is_segmented(gm: fx.GraphModule) -> bool:
-    return any(n.op == "call_module" and str(n.target).startswith(("layer_", "prologue")) for n in gm.graph.nodes)
 
 
 def _partition_by_layer(graph: fx.Graph) -> dict[fx.Node, str]:
