@@ -4,7 +4,8 @@ Inputs of every decoding graph: input_ids [1, q], position_ids [1, q],
 attn_mask [1, 1, q, kv], cache_positions [q], then the caches. q and kv
 are dynamic; the caches are static, one slot longer than max_seq_len.
 Method graphs may add inputs after those; the AOTInductor packager knows
-`exit_hidden` [1, q, hidden] (Kangaroo's stored exit states).
+the layer-exit input [1, q, hidden] that `expose_layer_exit` adds
+(Kangaroo's stored exit states), whatever it is named.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import torch.fx as fx
 from specc.capture.families import ArchitectureSummary
 from specc.errors import SpeccError
 from specc.methods.infrastructure import DECODING_INPUTS
+from specc.passes.expose_layer_exit import EXIT_ROLE
 
 
 CACHE_INPUT = re.compile(r"[kv]_cache_\w+")
-EXIT_HIDDEN = "exit_hidden"
 
 
 def lower_eager(gm: fx.GraphModule) -> Callable:
@@ -53,7 +54,8 @@ def load_aoti(package_path: Path) -> Callable:
 
 
 def _example_inputs(gm: fx.GraphModule, arch: ArchitectureSummary, dtype: torch.dtype, max_seq_len: int):
-    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [n.target for n in inputs]
     if tuple(names[:4]) != DECODING_INPUTS:
         raise SpeccError(f"graph inputs {names[:4]} are not the decoding layout {list(DECODING_INPUTS)}")
     q = torch.export.Dim("q", min=1, max=max_seq_len)
@@ -67,14 +69,14 @@ def _example_inputs(gm: fx.GraphModule, arch: ArchitectureSummary, dtype: torch.
     ]
     dynamic = [{1: q}, {1: q}, {2: q, 3: kv}, {0: q}]
     cache_shape = (1, arch.num_key_value_heads, max_seq_len + 1, arch.head_dim)
-    for name in names[4:]:
-        if CACHE_INPUT.fullmatch(name):
+    for node in inputs[4:]:
+        if CACHE_INPUT.fullmatch(node.target):
             example.append(torch.zeros(cache_shape, dtype=dtype))
             dynamic.append(None)
-        elif name == EXIT_HIDDEN:
+        elif node.meta.get("specc_role") == EXIT_ROLE:
             example.append(torch.zeros(1, q_len, arch.hidden_size, dtype=dtype))
             dynamic.append({1: q})
         else:
-            raise SpeccError(f"AOTInductor cannot package graph input {name!r}: the packager knows the decoding "
-                             f"inputs, k/v caches and {EXIT_HIDDEN!r}; use --backend eager or inductor")
+            raise SpeccError(f"AOTInductor cannot package graph input {node.target!r}: the packager knows the "
+                             f"decoding inputs, k/v caches and layer-exit states; use --backend eager or inductor")
     return tuple(example), tuple(dynamic)
