@@ -86,16 +86,17 @@ def run_suite(args: argparse.Namespace) -> int:
 
     target = build_reference_model(args.model_spec)
     draft = build_reference_model(DRAFT_SPEC)
-    engines = ENGINES / "-".join(filter(None, [args.model_spec, args.backend, args.tag]))
+    engines = ENGINES / variant_name(args.model_spec, args.backend, args.tag)
     max_seq_len = _max_seq_len(target)
-    unknown = set(args.method_settings) - {m.name for m in selected_methods(args.methods)}
+    methods = selected_methods(args.methods)
+    unknown = set(args.method_settings) - {m.name for m in methods}
     if unknown:
         print(f"run_all: error: --set names {', '.join(sorted(unknown))}, not among the methods run",
               file=sys.stderr)
         return 2
     baseline = compile_method("none", target, None, engines, args.backend, max_seq_len)
     results = {}
-    for method in selected_methods(args.methods):
+    for method in methods:
         print(f"\n### {method.name}", file=sys.stderr)
         results[method.name] = run_method(method, target, draft, baseline, engines, max_seq_len, args)
     suite = {
@@ -120,10 +121,14 @@ def run_suite(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] == "failed" for r in results.values()) else 0
 
 
+def variant_name(model_spec: str, backend: str, tag: str | None) -> str:
+    """<model>[-<backend>][-<tag>], eager left implicit: names both the results and the engines."""
+    return "-".join(filter(None, [model_spec, None if backend == "eager" else backend, tag]))
+
+
 def results_stem(suite: dict) -> str:
     settings = suite["settings"]
-    backend, tag = settings["backend"], settings.get("tag")
-    return "-".join(filter(None, [suite["device"], suite["model_spec"], None if backend == "eager" else backend, tag]))
+    return f"{suite['device']}-{variant_name(suite['model_spec'], settings['backend'], settings.get('tag'))}"
 
 
 def readme_section(results_dir: Path) -> str:
