@@ -158,7 +158,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     from specc.bench.report import format_report, identity_banner
 
     note = None
-    if method.needs_draft_model:
+    if method.extra_sources:
         mismatch = vocabulary_mismatch(target, draft)
         if mismatch:
             return {"status": "skipped", "note": f"no usable draft model: {mismatch}"}
@@ -166,7 +166,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
             note = f"the draft ({DRAFT_SPEC}) is the target itself: a sanity run, α should be 1"
     try:
         engine = (baseline if method.name == "none" else
-                  compile_method(method.name, target, draft if method.needs_draft_model else None, engines,
+                  compile_method(method.name, target, draft if method.extra_sources else None, engines,
                                  args.backend, max_seq_len, args.method_settings.get(method.name, [])))
         doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                      repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
@@ -184,13 +184,15 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
 def compile_method(name: str, target: Path, draft: Path | None, engines: Path, backend: str,
                    max_seq_len: int, settings: list[str] = ()) -> Path:
     from specc.compiler import CompileRequest, compile_engine
+    from specc.methods.descriptor import get_method
 
+    if draft is not None:
+        settings = [*settings, *(f"{s.config_field}={draft}" for s in get_method(name).extra_sources)]
     output = engines / name
     output.parent.mkdir(parents=True, exist_ok=True)
     print(f"compiling {name} ({backend}) into {output}", file=sys.stderr)
     compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend,
-                                  max_seq_len=max_seq_len, force=True, settings=list(settings),
-                                  draft_model=str(draft) if draft is not None else None))
+                                  max_seq_len=max_seq_len, force=True, settings=list(settings)))
     return output
 
 

@@ -23,7 +23,7 @@ def measure(engine_dir: str, prompts: str = "code", skip_first: int = 8, num_pro
     """{"initial"|"stored": {"skip": description, "scores": [per prompt]}}."""
     from specc.bench.prompts import load_prompt_set
     from specc.engine.loaded import load_engine
-    from specc.methods.swift_search import describe_skip_set, odd_layers
+    from specc.methods.swift.search import describe_skip_set, odd_layers
 
     engine = load_engine(engine_dir)
     if engine.manifest["method"] != "swift":

@@ -5,3 +5,13 @@ backend are imported by the modules that need them.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["compile", "load", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("compile", "load", "Engine", "Generation"):
+        from specc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'specc' has no attribute {name!r}")

@@ -32,12 +32,27 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         arch = entry["architecture"]
         lines.append(f"\ngraph {name}  (from {entry['source']}: {arch['model_type']}, {arch['num_layers']} layers)")
         lines.append(f"  inputs: {', '.join(_abbreviate(entry['inputs']))}")
+        lines += _describe_signature(entry["signature"])
         lines.append("  nodes by op: " + _format_counts(node_counts(engine_dir, name)))
         for record in (r for r in manifest["passes"] if r["graph"] == name):
             lines += _describe_pass(record)
     for key, value in manifest.get("method_state", {}).items():
         lines.append(f"\n{key}: {value}")
     return "\n".join(lines) + "\n"
+
+
+def _describe_signature(signature: dict) -> list[str]:
+    """Inputs grouped by role (k/v caches are many), then every output."""
+    roles: dict[str, list[dict]] = {}
+    for spec in signature["inputs"]:
+        roles.setdefault(spec["role"], []).append(spec)
+    def shape(spec):
+        return f"{spec['dtype']}[{', '.join(map(str, spec['shape']))}]"
+    lines = ["  signature in:  " + "; ".join(
+        f"{role} {shape(specs[0])}" + (f" x{len(specs)}" if len(specs) > 1 else f" ({specs[0]['name']})")
+        for role, specs in roles.items())]
+    lines.append("  signature out: " + "; ".join(f"{s['name']} ({s['role']}) {shape(s)}" for s in signature["outputs"]))
+    return lines
 
 
 def node_counts(engine_dir: Path, graph: str) -> Counter:

@@ -13,17 +13,25 @@ class StageReporter:
         self.seconds: dict[str, float] = {}
 
     @contextmanager
-    def stage(self, description: str):
+    def stage(self, description: str, own_line: bool = False):
+        """`own_line`: the stage shows its own progress (a bar, summary lines), so its
+        line is ended first and its time is reported on a line of its own."""
+        from specc import interrupts
+
+        interrupts.check()
         if self.enabled:
-            print(f"  {description} ...", end="", file=sys.stderr, flush=True)
+            print(f"  {description} ...", end="\n" if own_line else "", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             yield
-        except BaseException:
+            interrupts.check()
+        except BaseException as exc:
             if self.enabled:
-                print(" failed", file=sys.stderr, flush=True)
+                word = "interrupted" if isinstance(exc, (KeyboardInterrupt, interrupts.Terminated)) else "failed"
+                print(f"  {description}: {word}" if own_line else f" {word}", file=sys.stderr, flush=True)
             raise
         elapsed = time.perf_counter() - start
         self.seconds[description] = round(elapsed, 3)
         if self.enabled:
-            print(f" {elapsed:.1f}s", file=sys.stderr, flush=True)
+            print(f"  {description}: {elapsed:.1f}s" if own_line else f" {elapsed:.1f}s", file=sys.stderr,
+                  flush=True)

@@ -64,9 +64,10 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
 def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
     from specc.methods.descriptor import get_method
 
-    if not get_method(manifest["method"]).needs_draft_model:
+    sources = get_method(manifest["method"]).extra_sources
+    if not sources:
         return None, None
-    draft_path = manifest["method_config"].get("draft_model")
+    draft_path = manifest["method_config"].get(sources[0].config_field)
     if not draft_path or not (Path(draft_path) / "config.json").is_file():
         return None, (f"HF assisted generation skipped: the engine's draft checkpoint {draft_path} is gone "
                       f"(the engine keeps its own copy of the draft weights, so it still runs)")
@@ -87,7 +88,7 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, n
         compile_engine(CompileRequest(model=str(checkpoint), method="none", output=none_engine,
                                       backend=manifest["backend"], dtype=manifest["dtype"],
                                       max_seq_len=int(manifest["max_seq_len"])))
-    baseline = load_engine(none_engine, engine.backend)
+    baseline = load_engine(none_engine, engine.backend.name)
     _check_comparable(baseline.manifest, manifest, none_engine)
     return engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens)
 

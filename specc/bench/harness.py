@@ -27,6 +27,7 @@ class BenchOptions:
     num_prompts: int | None = None
     baseline_engine: Path | None = None   # a compiled `none` engine to reuse instead of compiling one
     show_progress: bool = True
+    chat_template: bool = True            # chat-format conversational prompts when the tokenizer has a template
 
 
 def benchmark(options: BenchOptions) -> dict:
@@ -41,7 +42,8 @@ def benchmark(options: BenchOptions) -> dict:
     engine = load_engine(options.engine)
     source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
     prompt_set = load_prompt_set(options.prompts, options.num_prompts)
-    prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens)
+    prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
+    chat_formatted = any(p["chat_template"] for p in prompts)
     notes = prompt_set.notes + notes
     if options.repeats < MIN_REPEATS_FOR_SPREAD:
         notes.append(f"only {options.repeats} repeat(s): the median, min and max are not a spread; "
@@ -55,6 +57,7 @@ def benchmark(options: BenchOptions) -> dict:
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress)
     settings = {"prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
+                "chat_template": chat_formatted,
                 "warmup_runs_per_system": 1, "decoding": "greedy, batch 1", "interleaved": True,
                 "throughput": "per repeat: new tokens / wall seconds over the group's prompts; "
                               "median, min and max over repeats",
@@ -66,17 +69,27 @@ def benchmark(options: BenchOptions) -> dict:
     )
 
 
-def _encode_fitting(engine, prompt_set, max_new_tokens: int) -> tuple[list[dict], list[list[int]], list[str]]:
-    """Token ids of the prompts that fit the engine's max_seq_len with the generation."""
+def _encode_fitting(engine, prompt_set, max_new_tokens: int,
+                    chat_template: bool = True) -> tuple[list[dict], list[list[int]], list[str]]:
+    """Token ids of the prompts that fit the engine's max_seq_len with the generation.
+
+    Conversational prompts (`Prompt.chat`, Spec-Bench turns) go through the
+    tokenizer's chat template as one user turn when it has one and
+    `chat_template` is on; everything else is encoded as plain text."""
+    from specc.chat import chat_prompt_ids, has_chat_template
+
+    conversational = [p for p in prompt_set.prompts if p.chat]
+    use_template = chat_template and bool(conversational) and has_chat_template(engine.tokenizer)
     room = engine.max_seq_len - max_new_tokens
     prompts, ids, too_long = [], [], 0
     for prompt in prompt_set.prompts:
-        tokens = engine.encode(prompt.text)
+        templated = use_template and prompt.chat
+        tokens = chat_prompt_ids(engine.tokenizer, prompt.text) if templated else engine.encode(prompt.text)
         if len(tokens) > room:
             too_long += 1
             continue
         prompts.append({"index": len(ids), "category": prompt.category, "prompt_tokens": len(tokens),
-                        "preview": prompt.text[:80]})
+                        "preview": prompt.text[:80], "chat_template": templated})
         ids.append(tokens)
     if not ids:
         raise UsageError(f"no prompt of {prompt_set.name!r} fits: each needs at most {room} tokens so that "
@@ -84,6 +97,12 @@ def _encode_fitting(engine, prompt_set, max_new_tokens: int) -> tuple[list[dict]
                          f"lower --max-new-tokens or recompile with a larger --max-seq-len")
     notes = [f"{too_long} prompt(s) skipped: longer than {room} tokens (max_seq_len {engine.max_seq_len} "
              f"minus {max_new_tokens} new tokens)"] if too_long else []
+    if use_template:
+        notes.append(f"{len(conversational)} conversational prompt(s) formatted with the model's chat template "
+                     f"(one user turn, generation prompt added; --no-chat-template encodes them as plain text)")
+    elif conversational and chat_template:
+        notes.append(f"{len(conversational)} conversational prompt(s) encoded as plain text: the model's "
+                     f"tokenizer has no chat template")
     return prompts, ids, notes
 
 

@@ -10,6 +10,10 @@ Anything else is a file: JSONL with "prompt", "text" or "turns" (the first
 turn is used) and an optional "category", or plain text with one prompt
 per blank-line-separated block.
 
+Prompts taken from "turns" (Spec-Bench style) are conversational: `Prompt.chat`
+is set, and the benchmark formats them with the model's chat template when
+its tokenizer has one.
+
 Sets with several categories are ordered round-robin across categories, so
 `--num-prompts N` (the first N) covers every category.
 """
@@ -36,6 +40,7 @@ _TEXT_FIELDS = ("prompt", "text", "turns")
 class Prompt:
     text: str
     category: str
+    chat: bool = False               # a conversational turn: chat-format it when the tokenizer can
 
 
 @dataclass
@@ -129,15 +134,13 @@ def _shared_set(name: str) -> PromptSet:
     if name == "gsm8k":
         prompts = [Prompt(_field(r, ("question",), path, i), "gsm8k") for i, r in enumerate(records)]
     else:
-        prompts = [Prompt(_field(r, ("turns",), path, i), str(r.get("category", "spec_bench")))
-                   for i, r in enumerate(records)]
+        prompts = [_prompt(r, ("turns",), path, i, "spec_bench") for i, r in enumerate(records)]
     return PromptSet(name, prompts, str(path))
 
 
 def _file_set(path: Path) -> PromptSet:
     if path.suffix == ".jsonl":
-        prompts = [Prompt(_field(r, _TEXT_FIELDS, path, i), str(r.get("category", path.stem)))
-                   for i, r in enumerate(_read_jsonl(path))]
+        prompts = [_prompt(r, _TEXT_FIELDS, path, i, path.stem) for i, r in enumerate(_read_jsonl(path))]
     else:
         blocks = path.read_text(encoding="utf-8").split("\n\n")
         prompts = [Prompt(b.strip("\n"), path.stem) for b in blocks if b.strip()]
@@ -159,11 +162,20 @@ def _read_jsonl(path: Path) -> list[dict]:
     return records
 
 
+def _prompt(record: dict, names: tuple[str, ...], path: Path, index: int, default_category: str) -> Prompt:
+    name, text = _named_field(record, names, path, index)
+    return Prompt(text, str(record.get("category", default_category)), chat=name == "turns")
+
+
 def _field(record: dict, names: tuple[str, ...], path: Path, index: int) -> str:
+    return _named_field(record, names, path, index)[1]
+
+
+def _named_field(record: dict, names: tuple[str, ...], path: Path, index: int) -> tuple[str, str]:
     for name in names:
         value = record.get(name)
         if isinstance(value, list):
             value = value[0] if value else None
         if isinstance(value, str) and value:
-            return value
+            return name, value
     raise UsageError(f"record {index + 1} of {path} has no non-empty {' / '.join(repr(n) for n in names)} field")

@@ -70,7 +70,7 @@ def engine_system(name: str, label: str, role: str, engine, max_new_tokens: int)
         return result.token_ids, result.stats
 
     config = {"path": str(engine.path), "method": engine.manifest["method"],
-              "method_config": engine.manifest["method_config"], "backend": engine.backend}
+              "method_config": engine.manifest["method_config"], "backend": engine.backend.name}
     return System(name, label, role, generate, engine_weights_bytes(engine.path), config)
 
 

@@ -18,6 +18,7 @@ from torch.fx.graph import CodeGen
 
 from specc.capture.families import ArchitectureSummary, summarize_architecture
 from specc.errors import SpeccError
+from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import remove_assertions, tidy
 
 _MODE_WRAPPERS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
@@ -38,7 +39,15 @@ def capture(model: torch.nn.Module, max_seq_len: int) -> CapturedProgram:
     gm = fx.GraphModule(gm, gm.graph)
     remove_assertions(gm)
     inline_mode_wrappers(gm)
+    _declare_signature(gm)
     return CapturedProgram(tidy(gm), architecture)
+
+
+def _declare_signature(gm: fx.GraphModule) -> None:
+    """The captured graph maps `input_ids [1, q]` to `logits [1, q, vocab]`."""
+    (tokens,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    declare_input(tokens, "tokens", "int64", (1, "q"))
+    declare_outputs(gm.graph, [TensorSpec("logits", "logits", "float", (1, "q", "vocab"))])
 
 
 def _export(model: torch.nn.Module, max_seq_len: int):

@@ -14,21 +14,41 @@ DTYPES = ("float32", "bfloat16", "float16")
 def resolve_checkpoint(model: str) -> Path:
     """Return a local directory holding the checkpoint named by `model`.
 
-    A path is used as is; anything else is treated as a hub id and resolved
-    through the normal Hugging Face cache (downloading only where allowed).
+    A checkpoint directory is used as is. A `.gguf` file, or a directory
+    holding exactly one `.gguf` file and no config.json, is dequantized once
+    into the specc cache (`specc.capture.gguf`) and that checkpoint returned.
+    Anything else is treated as a hub id and resolved through the normal
+    Hugging Face cache (downloading only where allowed).
     """
     path = Path(model)
     if path.exists():
         if not path.is_dir():
-            raise UsageError(f"model {model!r} is a file; pass a checkpoint directory")
+            if path.suffix.lower() == ".gguf":
+                return _convert_gguf(path)
+            raise UsageError(f"model {model!r} is a file; pass a checkpoint directory or a .gguf file")
         if not (path / "config.json").is_file():
+            ggufs = sorted(p for p in path.glob("*.gguf") if p.is_file())
+            if len(ggufs) == 1:
+                return _convert_gguf(ggufs[0])
+            if ggufs:
+                raise UsageError(
+                    f"model directory {model!r} holds {len(ggufs)} .gguf files "
+                    f"({', '.join(p.name for p in ggufs)}); name one, e.g. {str(ggufs[0])!r}"
+                )
             raise UsageError(
-                f"model directory {model!r} has no config.json; pass a Hugging Face checkpoint directory"
+                f"model directory {model!r} has no config.json; pass a Hugging Face checkpoint directory "
+                f"or a .gguf file"
             )
         return path
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise UsageError(f"model directory {model!r} does not exist")
     return _resolve_hub_id(model)
+
+
+def _convert_gguf(path: Path) -> Path:
+    from specc.capture.gguf import convert_gguf
+
+    return convert_gguf(path)
 
 
 def _resolve_hub_id(model_id: str) -> Path:

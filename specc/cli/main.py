@@ -1,115 +1,243 @@
-"""`specc compile | run | inspect | methods | bench`."""
+"""`specc compile | run | chat | serve | inspect | methods | bench`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from specc.capture.load import DTYPES
-from specc.engine.format import BACKENDS
+from specc.lower.registry import backend_names
 from specc.errors import SpeccError
 
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after every option's help (unless unset: None, empty, off), epilogs (examples) as written."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """--threads/--debug/--verbose, accepted before the verb and after it (a verb's
+    copy never overrides a value given before the verb with its own default)."""
+    default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
+    parser.add_argument("--threads", type=int, default=default(None), metavar="N",
+                        help="CPU threads for torch; unset: $OMP_NUM_THREADS if set, else the physical cores "
+                             "not busy by the 1-minute load average, at most 4 (torch's own all-cores default "
+                             "collapses when other jobs share the cores)")
+    parser.add_argument("--debug", action="store_true", default=default(False),
+                        help="show full tracebacks on errors")
+    parser.add_argument("--verbose", action="store_true", default=default(False),
+                        help="show informational messages (data files skipped, library progress bars and "
+                             "warnings, search details)")
+
+
+def _verb(verbs, name: str, help: str, examples: str = "", description: str | None = None):
+    p = verbs.add_parser(name, help=help, description=description or help, formatter_class=_HelpFormatter,
+                         epilog=("examples:\n" + examples) if examples else None)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specc", description="Compile a Hugging Face causal LM into a "
-                                     "speculative inference engine, and run it.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads for torch (default: torch's choice; use 1 when other jobs share "
-                             "the cores, oversubscription slows small models many times over)")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{compile,run,inspect,methods,bench}")
-    _add_compile(verbs)
-    _add_run(verbs)
-    _add_inspect(verbs)
-    verbs.add_parser("methods", help="list methods and their config fields with defaults")
-    _add_bench(verbs)
+    from specc import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="specc", formatter_class=_HelpFormatter,
+        description="Compile a Hugging Face causal LM into a speculative inference engine, and run it.",
+        epilog="examples:\n"
+               "  specc compile ./my-model --method swift -o engines/m\n"
+               "  specc run engines/m --prompt 'def quicksort(xs):'\n"
+               "  specc chat engines/m\n"
+               "  specc serve engines/m --port 8000\n"
+               "  specc VERB --help      options of one verb")
+    parser.add_argument("--version", action="version", version=f"specc {__version__}")
+    _global_options(parser, suppress=False)
+    verbs = parser.add_subparsers(dest="verb", required=True,
+                                  metavar="{compile,run,chat,serve,inspect,methods,bench}")
+    for add in (_add_compile, _add_run, _add_chat, _add_serve, _add_inspect, _add_methods, _add_bench):
+        _global_options(add(verbs), suppress=True)
     return parser
 
 
-def _add_compile(verbs) -> None:
-    p = verbs.add_parser("compile", help="compile a checkpoint into an engine directory")
-    p.add_argument("model", help="Hugging Face checkpoint directory (or a hub id already in the local cache)")
+def _add_compile(verbs):
+    p = _verb(verbs, "compile", "compile a checkpoint into an engine directory",
+              "  specc compile ./my-model --method none -o engines/plain\n"
+              "  specc compile ./my-model --method swift --set confidence_threshold=0.6 -o engines/swift\n"
+              "  specc compile ./my-model --method draft-model --set draft_model=./small -o engines/dm\n"
+              "  specc compile model.gguf --method kangaroo --backend aoti -o engines/k --force\n")
+    p.add_argument("model", help="Hugging Face checkpoint directory, a .gguf file, or a hub id already in the "
+                                 "local cache")
     p.add_argument("--method", required=True, help="speculative method (see `specc methods`)")
     p.add_argument("-o", "--output", required=True, type=Path, help="engine directory to write")
-    p.add_argument("--backend", default="eager", help=f"one of {', '.join(BACKENDS)} (default eager)")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
-    p.add_argument("--max-seq-len", type=int, default=1024, help="longest prompt + generation (default 1024)")
-    p.add_argument("--draft-model", help="draft checkpoint directory (method draft-model)")
+    p.add_argument("--backend", default="eager", help=f"how the graphs are lowered: {', '.join(backend_names())}")
+    p.add_argument("--dtype", default="float32", help=f"weight and cache dtype: {', '.join(DTYPES)}")
+    p.add_argument("--max-seq-len", type=int, default=1024, help="longest prompt + generation the engine serves")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="set a method config field (repeatable; see `specc methods`)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    return p
 
 
-def _add_run(verbs) -> None:
-    p = verbs.add_parser("run", help="generate text with an engine")
-    p.add_argument("engine", type=Path)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--backend", default=None, help="override the engine's backend (eager or inductor)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+def _sampling_options(p, max_new_tokens: int = 64) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                   help="most tokens generated (per prompt / per reply)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 decodes greedily (token-identical to HF greedy for lossless "
+                        "methods)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (with T > 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible output)")
+    p.add_argument("--stop", action="append", default=[], metavar="STRING",
+                   help="end generation where STRING appears; the text is cut before it (repeatable; "
+                        "\\n and \\t are a newline and a tab)")
+    p.add_argument("--backend", default=None,
+                   help="override the engine's backend with one that lowers at load time (eager, inductor); "
+                        "default: the engine's own")
 
 
-def _add_inspect(verbs) -> None:
-    p = verbs.add_parser("inspect", help="show what the passes did to the graphs")
-    p.add_argument("engine", type=Path)
+def _add_run(verbs):
+    p = _verb(verbs, "run", "generate text with an engine",
+              "  specc run engines/m --prompt 'def quicksort(xs):' --max-new-tokens 48\n"
+              "  specc run engines/m --prompt 'a' --prompt 'b' --json     one JSON object per prompt\n"
+              "  specc run engines/m --prompt-file prompt.txt --stop '\\n\\n'\n"
+              "  echo 'def f(x):' | specc run engines/m --prompt -\n"
+              "  specc run engines/chat --chat --prompt 'What is a monad?'\n")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="prompt text; '-' reads it from stdin; repeat for several prompts, generated one "
+                        "after another")
+    p.add_argument("--prompt-file", action="append", default=[], type=Path, metavar="FILE",
+                   help="read one prompt from FILE (repeatable)")
+    _sampling_options(p)
+    p.add_argument("--no-stream", action="store_true",
+                   help="print the text once generation ends instead of as rounds are accepted")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt (text, token_ids, finish_reason, stats); never streams")
+    p.add_argument("--chat", action="store_true",
+                   help="send each prompt as one user turn through the model's chat template and print the reply")
+    return p
+
+
+def _add_chat(verbs):
+    p = _verb(verbs, "chat", "talk to an engine: an interactive multi-turn chat through the model's chat template",
+              "  specc chat engines/smollm2\n"
+              "  specc chat engines/smollm2 --system 'Answer in one sentence.' --temperature 0.7 --seed 1\n"
+              "  printf 'Hi\\nWhat did I say?\\n' | specc chat engines/smollm2    one turn per input line\n"
+              "\nin the chat: /reset starts a new conversation, /exit (or Ctrl-D) leaves; "
+              "Ctrl-C stops a reply.\n")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
+    p.add_argument("--system", default=None, metavar="TEXT", help="a system message opening the conversation")
+    _sampling_options(p, max_new_tokens=256)
+    p.add_argument("--no-stream", action="store_true", help="print each reply once it is complete")
+    return p
+
+
+def _add_serve(verbs):
+    p = _verb(verbs, "serve", "serve an engine over an OpenAI-compatible HTTP API",
+              "  specc serve engines/m --port 8000\n"
+              "  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
+              "       -d '{\"prompt\": \"def f(x):\", \"max_tokens\": 32, \"temperature\": 0}'\n"
+              "  python -c \"import openai; c = openai.OpenAI(base_url='http://localhost:8000/v1', api_key='-'); "
+              "print(c.completions.create(model='m', prompt='def f(x):').choices[0].text)\"\n",
+              description="Serve an engine over HTTP: /v1/completions, /v1/chat/completions (both with "
+                          "\"stream\": true as server-sent events), /v1/models and /health. Requests run one "
+                          "at a time in arrival order (batch 1); more than --max-queue waiting get 503. Needs "
+                          "the `serve` extra: pip install 'specc[serve]'.")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port")
+    p.add_argument("--model-name", default=None,
+                   help="model id reported by /v1/models and in responses; default: the engine directory's name")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N",
+                   help="requests that may wait behind the running one; more get HTTP 503")
+    p.add_argument("--backend", default=None,
+                   help="override the engine's backend with one that lowers at load time (eager, inductor)")
+    return p
+
+
+def _add_methods(verbs):
+    return _verb(verbs, "methods", "list methods and their config fields with defaults",
+                 "  specc methods\n  specc compile MODEL --method swift --set skip_ratio=0.5 -o engines/s\n")
+
+
+def _add_inspect(verbs):
+    p = _verb(verbs, "inspect", "show what the passes did to the graphs",
+              "  specc inspect engines/m\n  specc inspect engines/m --graph target\n"
+              "  specc inspect engines/m --after insert_kv_cache\n")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--graph", help="print this graph in full")
     p.add_argument("--after", metavar="PASS", help="print the graph right after this pass")
+    return p
 
 
-def _add_bench(verbs) -> None:
-    p = verbs.add_parser("bench", help="measure speed and acceptance against plain decoding")
-    p.add_argument("engine", type=Path)
-    p.add_argument("--prompts", default="code", help="prompt set name or a JSONL/text file")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+def _add_bench(verbs):
+    p = _verb(verbs, "bench", "measure speed and acceptance against plain decoding",
+              "  specc bench engines/m\n  specc bench engines/m --prompts spec_bench --num-prompts 8 --json out.json\n")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
+    p.add_argument("--prompts", default="code", help="prompt set name (code, text, spec_bench, gsm8k) or a "
+                                                     "JSONL/text file")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per system")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--json", dest="json_out", type=Path, help="write all figures to this JSON file")
     p.add_argument("--plot", type=Path, help="write a PNG chart")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="encode conversational prompts (Spec-Bench turns) as plain text, not chat-formatted")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specc import interrupts
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING, format="%(message)s")
-    try:
-        return _dispatch(args)
-    except SpeccError as exc:
-        if args.debug:
-            raise
-        print(f"specc: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("specc: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if args.debug:
-            raise
-        print(f"specc: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
-              file=sys.stderr)
-        return 1
+    logging.basicConfig(level=logging.INFO if args.debug or args.verbose else logging.WARNING, format="%(message)s")
+    with interrupts.handled():
+        try:
+            return _dispatch(args)
+        except SpeccError as exc:
+            if args.debug:
+                raise
+            print(f"specc: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except (KeyboardInterrupt, interrupts.Terminated) as exc:
+            print(interrupts.message(exc), file=sys.stderr)
+            return interrupts.exit_code(exc)
+        except Exception as exc:
+            if args.debug:
+                raise
+            print(f"specc: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
+                  file=sys.stderr)
+            return 1
 
 
 def _dispatch(args) -> int:
-    if args.threads is not None:
-        _set_threads(args.threads)
+    if args.verb == "methods":
+        print(_methods_text(), end="")
+        return 0
+    from specc.threads import apply_threads
+
+    apply_threads(args.threads)
+    if args.verb in ("compile", "run", "chat", "serve", "bench"):
+        _quiet_libraries(args.verbose or args.debug)
     if args.verb == "compile":
         return _compile(args)
-    if args.verb == "run":
-        return _run(args)
+    if args.verb in ("run", "chat"):
+        from specc.cli import generation
+
+        return generation.run(args) if args.verb == "run" else generation.chat(args)
+    if args.verb == "serve":
+        from specc.serve.command import serve
+
+        return serve(args)
     if args.verb == "inspect":
         from specc.inspect_engine import inspect_engine
 
         print(inspect_engine(args.engine, args.graph, args.after), end="")
-        return 0
-    if args.verb == "methods":
-        print(_methods_text(), end="")
         return 0
     if args.verb == "bench":
         from specc.bench.command import run_bench
@@ -118,14 +246,16 @@ def _dispatch(args) -> int:
     raise AssertionError(args.verb)
 
 
-def _set_threads(threads: int) -> None:
-    from specc.errors import UsageError
+def _quiet_libraries(verbose: bool) -> None:
+    """Keep the stage lines whole: no Hugging Face loading bars or advisory warnings unless --verbose."""
+    if verbose:
+        return
+    import transformers
+    from huggingface_hub.utils import disable_progress_bars
 
-    if threads < 1:
-        raise UsageError(f"--threads {threads} must be at least 1")
-    import torch
-
-    torch.set_num_threads(threads)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    disable_progress_bars()
 
 
 def _compile(args) -> int:
@@ -133,7 +263,7 @@ def _compile(args) -> int:
 
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
-        max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, draft_model=args.draft_model,
+        max_seq_len=args.max_seq_len, force=args.force, settings=args.settings,
         show_progress=True,
     )
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}) ...", file=sys.stderr)
@@ -141,34 +271,6 @@ def _compile(args) -> int:
     seconds = report["compile_seconds"]
     print(f"wrote {args.output} in {seconds['total']:.1f}s"
           + (f" (AOTInductor packaging {seconds['lowering']:.1f}s)" if report["backend"] == "aoti" else ""))
-    return 0
-
-
-def _run(args) -> int:
-    from specc.engine.loaded import load_engine
-    from specc.runtime.generate import check_lengths
-    from specc.runtime.sampling import SamplingConfig
-
-    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    if not args.prompt:
-        from specc.errors import UsageError
-
-        raise UsageError("the prompt is empty; pass some text with --prompt")
-    engine = load_engine(args.engine, args.backend)
-    prompt_ids = engine.encode(args.prompt)
-    check_lengths(len(prompt_ids), args.max_new_tokens, engine.max_seq_len)
-    result = engine.generate_ids(prompt_ids, args.max_new_tokens, sampling)
-    text = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    if args.json:
-        stats = result.stats.to_json()
-        stats["compile_seconds"] = round(engine.compile_seconds, 3)
-        print(json.dumps({"text": text, "token_ids": result.token_ids, "stats": stats}))
-    else:
-        print(args.prompt + text)
-        s = result.stats
-        rate = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.2f}"
-        print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, mean accepted length "
-              f"{s.mean_accepted_length:.2f}, acceptance {rate}]", file=sys.stderr)
     return 0
 
 

@@ -1,13 +1,14 @@
-"""The engine directory layout and manifest, format version 1.
+"""The engine directory layout and manifest, format version 2 (version 1 had
+no graph signatures).
 
     engine/
-      manifest.json            format, versions, method + config, passes, checksums
+      manifest.json            format, versions, method + config, passes, graph signatures, checksums
       tokenizer/               the target's tokenizer files (JSON/text)
       weights/<source>.safetensors   weights of each captured model
       weights/added.safetensors      parameters the method trained (if any)
       graphs/<name>.json       each rewritten graph, serialized without pickle
       ir/<name>/NN_<pass>.txt  each graph right after each pass (for inspect)
-      compiled/<name>.pt2      AOTInductor packages (backend aoti only)
+      compiled/<name>.*        ahead-of-time artifacts of backends that build them (aoti: .pt2)
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import hashlib
 from pathlib import Path
 
 FORMAT_NAME = "specc-engine"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-BACKENDS = ("eager", "inductor", "aoti")
 
 
 def sha256_file(path: Path) -> str:

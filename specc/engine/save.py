@@ -16,6 +16,7 @@ from specc import __version__
 from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, checksums, ir_file_name
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes, graph_to_json
+from specc.graph.signature import read_signature
 from specc.program import SpeculativeProgram
 
 ADDED_WEIGHTS = "weights/added.safetensors"   # relative to the engine directory
@@ -35,14 +36,50 @@ def staging_dir(output: Path, force: bool):
     """Yield a temporary directory that replaces `output` only on success."""
     check_output_dir(output, force)
     output.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(output)
     staging = output.parent / f".{output.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         yield staging
+        apply_umask(staging)
         _replace(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_stale_staging(output: Path) -> list[Path]:
+    """Remove `.NAME.partial-PID` / `.NAME.old-PID` left beside `output` by processes that
+    no longer run (killed with SIGKILL, or a power cut); returns what was removed."""
+    removed = []
+    for kind in ("partial", "old"):
+        for path in output.parent.glob(f".{output.name}.{kind}-*"):
+            pid = path.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def apply_umask(root: Path) -> None:
+    """Give every file and directory under `root` the modes the user's umask allows
+    (some writers, safetensors among them, create files 0600 whatever the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(root, 0o777 & ~mask)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _replace(staging: Path, output: Path) -> None:
@@ -69,6 +106,7 @@ def write_program(staging: Path, program: SpeculativeProgram, tokenizer) -> dict
             "weights": f"weights/{graph.source}.safetensors",
             "architecture": graph.architecture.to_json(),
             "inputs": [n.target for n in graph.module.graph.nodes if n.op == "placeholder"],
+            "signature": read_signature(graph.module).to_json(),
         }
     _write_ir(staging / "ir", program)
     return {"graphs": graphs, "weight_aliases": aliases}

@@ -10,11 +10,18 @@ from specc.errors import SpeccError, UsageError
 
 
 def read_verified_manifest(engine_dir: Path) -> dict:
+    if not engine_dir.exists():
+        raise UsageError(f"engine directory {engine_dir} does not exist; create one with "
+                         f"`specc compile MODEL --method METHOD -o {engine_dir}`")
     if not engine_dir.is_dir():
-        raise UsageError(f"engine directory {engine_dir} does not exist; create one with `specc compile`")
+        raise UsageError(f"{engine_dir} is a file, not an engine; pass the directory `specc compile -o DIR` wrote")
     manifest_path = engine_dir / MANIFEST
     if not manifest_path.is_file():
-        raise SpeccError(f"{engine_dir} has no {MANIFEST}: not an engine, or an incomplete one; recompile it")
+        if (engine_dir / "config.json").is_file():
+            raise UsageError(f"{engine_dir} is a model checkpoint, not an engine; compile it first: "
+                             f"specc compile {engine_dir} --method none -o ENGINE_DIR")
+        raise UsageError(f"{engine_dir} is not a specc engine (it has no {MANIFEST}); pass a directory "
+                         f"written by `specc compile -o DIR`")
     try:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as exc:

@@ -143,10 +143,13 @@ def _decode(value, env: dict[str, fx.Node]):
     raise SpeccError(f"unknown encoded value kind {kind!r} in engine graph")
 
 
+PERSISTED_META = ("specc_role", "specc_io", "specc_outputs")
+
+
 def _encode_meta(meta: dict) -> dict:
     stack = meta.get("nn_module_stack") or {}
     encoded = {"nn_module_stack": [[key, path, str(kind)] for key, (path, kind) in stack.items()]}
-    for key in ("specc_role",):
+    for key in PERSISTED_META:
         if key in meta:
             encoded[key] = meta[key]
     return encoded
@@ -154,7 +157,7 @@ def _encode_meta(meta: dict) -> dict:
 
 def _decode_meta(meta: dict) -> dict:
     decoded = {"nn_module_stack": {key: (path, kind) for key, path, kind in meta.get("nn_module_stack", [])}}
-    for key in ("specc_role",):
+    for key in PERSISTED_META:
         if key in meta:
             decoded[key] = meta[key]
     return decoded

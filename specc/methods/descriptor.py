@@ -1,32 +1,63 @@
-"""A method is a descriptor: name, config class, ordered passes per graph,
-an optional training step, and a runtime policy that builds its drafter.
+"""A method is a descriptor: name, config class, ordered passes per graph, an
+optional compile-time training/calibration step, and a runtime builder.
 
-Adding a method means writing one module that calls `register(...)`; the
-compiler, engine format, runtime loop and CLI never change.
+Methods are found by name: the built-in packages of `specc.methods`, and
+any package that declares an entry point in the `specc.methods` group
+naming a `MethodDescriptor` (so a method can live outside specc). The
+compiler, engine, runtime loop and CLI never name a method.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Callable
+
+import torch
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig
 
 if TYPE_CHECKING:
-    from specc.engine.loaded import LoadedEngine
     from specc.passes.base import GraphPass
     from specc.program import SpeculativeProgram
-    from specc.runtime.drafter import Drafter
+    from specc.runtime.context import MethodContext
+    from specc.runtime.drafter import MethodRuntime
+
+ENTRY_POINT_GROUP = "specc.methods"
+_BUILTIN = ("specc.methods.autoregressive", "specc.methods.draft_model", "specc.methods.swift",
+            "specc.methods.kangaroo")
+TARGET = "target"   # the source name of the checkpoint being compiled
 
 
 @dataclass(frozen=True)
 class GraphRecipe:
-    """One named graph of the speculative program: which model it is
-    captured from ("target" or "draft") and the passes that rewrite it."""
+    """One named graph of the speculative program: which source model it is
+    captured from (`TARGET` or an extra source) and the passes that rewrite it."""
 
     source: str
     passes: Callable[[MethodConfig], list["GraphPass"]]
+
+
+@dataclass(frozen=True)
+class ExtraSource:
+    """A second checkpoint a method compiles besides the target (e.g. a draft
+    model): the graph source name, and the config field naming its directory."""
+
+    name: str
+    config_field: str
+    same_vocabulary: bool = True
+
+
+@dataclass
+class TrainResult:
+    """What a compile-time training or calibration step produced: trained
+    parameters by name (stored in `weights/added.safetensors`, read by the
+    graphs that own them) and JSON-ready state for the manifest."""
+
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -35,36 +66,61 @@ class MethodDescriptor:
     summary: str
     config_class: type[MethodConfig]
     graphs: Callable[[MethodConfig], dict[str, GraphRecipe]]
-    make_drafter: Callable[["LoadedEngine", MethodConfig], "Drafter | None"]
+    build_runtime: Callable[["MethodContext", MethodConfig], "MethodRuntime"]
     lossless: bool = True
-    needs_draft_model: bool = False
-    backends: tuple[str, ...] = ("eager", "inductor", "aoti")
-    # train(program, config, tokenizer) -> trained weights by name, plus optionally a
-    # JSON-ready "method_state" entry (e.g. a searched skip set) stored in the manifest.
-    train: Callable[["SpeculativeProgram", MethodConfig, object], dict] | None = None
+    extra_sources: tuple[ExtraSource, ...] = ()
+    requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
+    train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
+    # Checks the config against the checkpoint's Hugging Face config (transformers.PretrainedConfig,
+    # read from config.json before any weights load); raises UsageError naming the bad --set value.
+    validate: Callable[[MethodConfig, object], None] | None = None
+
+
+def check_backend(method: MethodDescriptor, backend) -> None:
+    """The method's required capabilities must all be the backend's."""
+    missing = sorted(method.requires - backend.capabilities)
+    if missing:
+        raise UsageError(f"method {method.name!r} needs {', '.join(missing)}, which backend {backend.name!r} "
+                         f"does not provide; choose another backend")
 
 
 _REGISTRY: dict[str, MethodDescriptor] = {}
+_discovered = False
 
 
 def register(descriptor: MethodDescriptor) -> MethodDescriptor:
-    if descriptor.name in _REGISTRY:
+    known = _REGISTRY.get(descriptor.name)
+    if known is not None and known is not descriptor:
         raise ValueError(f"method {descriptor.name!r} is registered twice")
     _REGISTRY[descriptor.name] = descriptor
     return descriptor
 
 
 def get_method(name: str) -> MethodDescriptor:
-    _load_builtin_methods()
+    _discover()
     if name not in _REGISTRY:
         raise UsageError(f"unknown method {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 
 def all_methods() -> list[MethodDescriptor]:
-    _load_builtin_methods()
+    _discover()
     return [_REGISTRY[name] for name in sorted(_REGISTRY)]
 
 
-def _load_builtin_methods() -> None:
-    from specc.methods import builtin  # noqa: F401  (registers on import)
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for module in _BUILTIN:
+        register(importlib.import_module(module).METHOD)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            descriptor = entry.load()
+        except Exception as exc:
+            raise UsageError(f"method entry point {entry.name!r} ({entry.value}) failed to load: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(descriptor, MethodDescriptor):
+            raise UsageError(f"method entry point {entry.name!r} ({entry.value}) is not a MethodDescriptor")
+        register(descriptor)

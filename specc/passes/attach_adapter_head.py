@@ -29,6 +29,7 @@ from specc.graph.nodes import _normalize_path, attention_nodes, layer_index, mod
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.passes.expose_layer_exit import layer_output, remove_unreachable
+from specc.passes.insert_kv_cache import declare_cache_input
 
 ADAPTER_ROLE = "adapter"
 _TARGET_CACHE = re.compile(r"^[kv]_cache_\d+$")
@@ -95,7 +96,7 @@ class AttachAdapterHead(GraphPass):
         """Point the adapter's cache writes at inputs of its own; drop the target's."""
         old = [_cache_input(sdpa.args[1]), _cache_input(sdpa.args[2])]
         with graph.inserting_before(exit_input):
-            new = [graph.placeholder(name) for name in self.config.cache_names]
+            new = [declare_cache_input(graph.placeholder(name)) for name in self.config.cache_names]
         for before, after in zip(old, new):
             before.replace_all_uses_with(after)
         for node in list(graph.nodes):

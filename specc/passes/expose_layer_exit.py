@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import add_placeholder, layer_index, module_path, output_node, placeholder
+from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 
@@ -67,9 +68,11 @@ class ExposeLayerExit(GraphPass):
         if self.config.keep == "shallow":
             exit_node.meta["specc_role"] = EXIT_ROLE
             output_node(gm.graph).args = ((exit_node,),)
+            declare_outputs(gm.graph, [TensorSpec(self.config.input_name, EXIT_ROLE, "float", (1, "q", "hidden"))])
             added = []
         else:
-            hidden = add_placeholder(gm.graph, self.config.input_name)
+            hidden = declare_input(add_placeholder(gm.graph, self.config.input_name), EXIT_ROLE, "float",
+                                   (1, "q", "hidden"))
             hidden.meta["specc_role"] = EXIT_ROLE
             exit_node.replace_all_uses_with(hidden)
             added = [self.config.input_name]

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from specc.graph.nodes import add_placeholder, module_path, placeholder
+from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
@@ -39,7 +40,8 @@ class ExposePositionIds(GraphPass):
         if not sources:
             return PassResult.unchanged(gm)
         before = set(gm.graph.nodes)
-        positions = existing or add_placeholder(gm.graph, self.config.input_name)
+        positions = existing or declare_input(add_placeholder(gm.graph, self.config.input_name),
+                                              "positions", "int64", (1, "q"))
         replaced = []
         for source in sources:
             for user in list(source.users):

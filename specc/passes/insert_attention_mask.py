@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from specc.graph.nodes import add_placeholder, attention_nodes, placeholder
+from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
@@ -36,7 +37,8 @@ class InsertAttentionMask(GraphPass):
         if not pending:
             return PassResult.unchanged(gm)
         before = set(gm.graph.nodes)
-        mask = mask or add_placeholder(gm.graph, self.config.input_name)
+        mask = mask or declare_input(add_placeholder(gm.graph, self.config.input_name),
+                                     "attention_mask", "bool", (1, 1, "q", "kv"))
         for sdpa in pending:
             query, key, value = sdpa.args[:3]
             kwargs = {k: v for k, v in sdpa.kwargs.items() if k not in ("attn_mask", "is_causal", "dropout_p")}

@@ -20,10 +20,12 @@ import torch.fx as fx
 
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attention_nodes, layer_index, placeholder
+from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
 aten = torch.ops.aten
+CACHE_ROLE = "kv_cache"
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ class InsertKVCache(GraphPass):
         if mask is None:
             raise SpeccError("insert_kv_cache needs the attention-mask input: run insert_attention_mask first")
         before = set(gm.graph.nodes)
-        slots = placeholder(gm.graph, self.config.cache_positions_name) or add_placeholder(
-            gm.graph, self.config.cache_positions_name)
+        slots = placeholder(gm.graph, self.config.cache_positions_name) or declare_input(
+            add_placeholder(gm.graph, self.config.cache_positions_name), "cache_slots", "int64", ("q",))
         added = [self.config.cache_positions_name]
         for sdpa in pending:
             added += self._cache_layer(gm.graph, sdpa, slots, mask)
@@ -70,7 +72,7 @@ class InsertKVCache(GraphPass):
         if placeholder(graph, names[0]) is not None:
             raise SpeccError(f"two attention calls claim decoder layer {layer}; cannot assign one KV cache each")
         query, key, value = sdpa.args[:3]
-        k_cache, v_cache = (add_placeholder(graph, name) for name in names)
+        k_cache, v_cache = (declare_cache_input(add_placeholder(graph, name)) for name in names)
         with graph.inserting_before(sdpa):
             kv_len = graph.call_function(aten.sym_size.int, (mask, 3))
             keys = _write_then_read(graph, k_cache, slots, _before_repeat(key), kv_len)
@@ -78,6 +80,11 @@ class InsertKVCache(GraphPass):
         sdpa.args = (query, keys, values, mask)
         sdpa.kwargs = {**sdpa.kwargs, "enable_gqa": True}
         return list(names)
+
+
+def declare_cache_input(node: fx.Node) -> fx.Node:
+    """A preallocated cache `[1, kv_heads, slots, head_dim]`, written in place."""
+    return declare_input(node, CACHE_ROLE, "float", (1, "kv_heads", "slots", "head_dim"))
 
 
 def _write_then_read(graph, cache, slots, new_rows, kv_len) -> fx.Node:

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
+import copy
+
 from specc.errors import SpeccError
+from specc.graph.signature import keep_declarations, read_signature
 from specc.passes.base import GraphPass
 
 
@@ -40,8 +43,11 @@ def run_passes(graph_name: str, gm: fx.GraphModule, passes: list[GraphPass]) -> 
     records: list[PassRecord] = []
     for graph_pass in passes:
         start = time.perf_counter()
+        before = _declarations_of(gm)
         try:
             result = graph_pass(gm)
+            keep_declarations(before, result.graph_module)
+            read_signature(result.graph_module)
             result.graph_module.graph.lint()
         except SpeccError as exc:
             raise SpeccError(f"pass {graph_pass.name} failed on graph {graph_name!r}{_after(records)}: {exc}") from exc
@@ -57,6 +63,23 @@ def run_passes(graph_name: str, gm: fx.GraphModule, passes: list[GraphPass]) -> 
             graph_text=readable_graph(gm),
         ))
     return gm, records
+
+
+def _declarations_of(gm: fx.GraphModule) -> fx.Graph:
+    """A copy of the graph's placeholders and output with their metadata, taken
+    before a pass (which may rewrite the graph in place)."""
+    snapshot = fx.Graph()
+    env = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = snapshot.placeholder(node.target)
+            env[node].meta = copy.copy(node.meta)
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0]
+    count = len(values) if isinstance(values, (tuple, list)) else 1
+    stub = snapshot.output(tuple(None for _ in range(count)))
+    stub.meta = copy.copy(output.meta)
+    return snapshot
 
 
 def _after(records: list[PassRecord]) -> str:

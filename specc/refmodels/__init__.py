@@ -62,9 +62,10 @@ def build_reference_model(
     *,
     force: bool = False,
     device: str | None = None,
+    threads: int | None = None,
 ) -> Path:
     """The checkpoint directory of the named reference model, training it if not cached."""
-    return build_from_spec(get_spec(name), cache_dir, progress, force=force, device=device)
+    return build_from_spec(get_spec(name), cache_dir, progress, force=force, device=device, threads=threads)
 
 
 def build_from_spec(
@@ -74,14 +75,19 @@ def build_from_spec(
     *,
     force: bool = False,
     device: str | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Like `build_reference_model` for a spec that need not be registered.
 
     ``cache_dir`` holds the ``<name>-<key>`` checkpoint directories directly.
-    ``device`` defaults to CUDA when available, else CPU.
+    ``device`` defaults to CUDA when available, else CPU. ``threads``: torch's
+    CPU threads (default: specc's thread policy, `specc.threads`). On CPU the
+    thread count changes the summation order of the matmuls and so the trained
+    weights, so it is part of the cache key.
     """
     selection = _select_corpus(spec)
-    key = cache_key(spec, selection)
+    cpu_threads = _training_threads(device, threads)
+    key = cache_key(spec, selection, cpu_threads)
     destination = Path(cache_dir or default_cache_dir()) / f"{spec.name}-{key}"
     if not force and cached_checkpoint(destination, key):
         log.info("reusing cached reference model %s", destination)
@@ -107,13 +113,26 @@ def default_cache_dir() -> Path:
     return Path(root) / "refmodels"
 
 
-def cache_key(spec: ReferenceSpec, selection: CorpusSelection) -> str:
+def cache_key(spec: ReferenceSpec, selection: CorpusSelection, cpu_threads: int | None = None) -> str:
     ingredients = {
         "spec": spec.fingerprint(),
         "corpus": selection.fingerprint(),
         "trainer_version": TRAINER_VERSION,
     }
+    if cpu_threads is not None:
+        ingredients["cpu_threads"] = cpu_threads
     return hashlib.sha256(json.dumps(ingredients, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _training_threads(device: str | None, threads: int | None) -> int | None:
+    """Apply the thread policy; the count when training runs on the CPU (it shapes the weights), else None."""
+    import torch
+
+    from specc.threads import apply_threads
+
+    count = apply_threads(threads)
+    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    return count if on_cpu else None
 
 
 def cached_checkpoint(directory: Path, key: str) -> bool:

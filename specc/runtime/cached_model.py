@@ -1,8 +1,11 @@
-"""A compiled graph with its KV cache: the callable the loop steps.
+"""A lowered graph with its KV cache: the callable the loop and drafters step.
 
-The graph's inputs are, in order: input_ids [1, q], position_ids [1, q],
-attn_mask [1, 1, q, kv_len], cache_positions [q], then k/v caches per
-layer. Its first output is logits [1, q, vocab].
+The graph's inputs follow its declared signature: tokens [1, q],
+positions [1, q], attention mask [1, 1, q, kv], cache slots [q], then the
+KV caches (role `kv_cache`), then any method inputs, passed to `run_all`
+after the caches. Its output with role `logits` ([1, q, vocab]) becomes
+`Verification.logits`; every other output is returned by name in
+`Verification.extras`.
 """
 
 from __future__ import annotations
@@ -12,30 +15,50 @@ from typing import Callable
 import torch
 
 from specc.capture.families import ArchitectureSummary
+from specc.errors import SpeccError
+from specc.graph.signature import GraphSignature
+from specc.runtime.drafter import Draft
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, tree_mask
-from specc.runtime.tree import TreeTensors
+from specc.runtime.verification import Verification
+
+DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
+CACHE_ROLE = "kv_cache"
+LOGITS_ROLE = "logits"
 
 
 class CachedModel:
-    def __init__(self, forward: Callable, architecture: ArchitectureSummary, max_seq_len: int,
-                 dtype: torch.dtype, device="cpu", cache: KVCache | None = None):
+    def __init__(self, forward: Callable, signature: GraphSignature, architecture: ArchitectureSummary,
+                 max_seq_len: int, dtype: torch.dtype, device="cpu", cache: KVCache | None = None):
         """`cache` lets a draft graph of the target (self-speculation) share the target's KV."""
+        check_decoding_layout(signature)
         self.forward_fn = forward
+        self.signature = signature
         self.architecture = architecture
         self.device = device
-        self.cache = cache or KVCache(architecture.num_layers, architecture.num_key_value_heads,
-                                      architecture.head_dim, max_seq_len, dtype, device)
+        caches = len(signature.inputs_with_role(CACHE_ROLE))
+        self.cache = cache or KVCache(caches // 2, architecture.num_key_value_heads, architecture.head_dim,
+                                      max_seq_len, dtype, device)
+        roles = [spec.role for spec in signature.outputs]
+        self._logits_index = roles.index(LOGITS_ROLE) if LOGITS_ROLE in roles else None
         self.forward_passes = 0
 
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache.max_seq_len
+
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            mask: torch.Tensor) -> torch.Tensor:
-        """Logits `[q, vocab]` for `tokens` written at cache `slots`."""
-        return self.run_all(tokens, positions, slots, mask)[0][0]
+            mask: torch.Tensor, *extra_inputs: torch.Tensor) -> Verification:
+        """Logits `[q, vocab]` and named extras for `tokens` written at cache `slots`."""
+        outputs = self.run_all(tokens, positions, slots, mask, *extra_inputs)
+        extras = {spec.name: out[0] for i, (spec, out) in enumerate(zip(self.signature.outputs, outputs))
+                  if i != self._logits_index}
+        logits = None if self._logits_index is None else outputs[self._logits_index][0]
+        return Verification(logits, extras, slots)
 
     def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, *extra_inputs: torch.Tensor) -> tuple:
-        """Every graph output; `extra_inputs` follow the caches (method-specific inputs)."""
+        """Every graph output, raw; `extra_inputs` follow the caches (method-specific inputs)."""
         mask = apply_sliding_window(mask, positions, self.architecture.sliding_window)
         outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots,
                                   *self.cache.tensors, *extra_inputs)
@@ -43,12 +66,29 @@ class CachedModel:
         return outputs
 
     def extend(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Append a causal chunk of tokens after `start` cached ones."""
+        """Logits `[q, vocab]` for a causal chunk of tokens after `start` cached ones."""
+        return self.prefill(tokens, start).logits
+
+    def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
         slots = torch.arange(start, start + tokens.numel(), device=self.device)
         return self.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), self.device))
 
-    def verify_tree(self, node_tokens: torch.Tensor, prefix_len: int, tree: TreeTensors) -> torch.Tensor:
+    def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         """Score a flattened token tree whose root sits at slot `prefix_len`."""
+        node_tokens, tree = draft.node_tokens, draft.tree
         slots = torch.arange(prefix_len, prefix_len + node_tokens.numel(), device=self.device)
         positions = tree.depth.to(self.device) + prefix_len
         return self.run(node_tokens, positions, slots, tree_mask(prefix_len, tree))
+
+    def commit(self, base: int, accepted_offsets: list[int]) -> None:
+        self.cache.commit(base, accepted_offsets)
+
+
+def check_decoding_layout(signature: GraphSignature) -> None:
+    """Inputs: the four decoding inputs, the caches, then any others."""
+    roles = [spec.role for spec in signature.inputs]
+    caches = [i for i, role in enumerate(roles) if role == CACHE_ROLE]
+    contiguous = caches == list(range(len(DECODING_ROLES), len(DECODING_ROLES) + len(caches)))
+    if tuple(roles[:len(DECODING_ROLES)]) != DECODING_ROLES or not contiguous or len(caches) % 2:
+        raise SpeccError(f"graph inputs {signature.input_names} with roles {roles} are not the decoding layout "
+                         f"({', '.join(DECODING_ROLES)}, then k/v caches, then method inputs)")

@@ -1,8 +1,8 @@
-"""What a method's drafter must provide to the loop."""
+"""What a method's runtime gives the loop: a target to verify with and a drafter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -10,6 +10,7 @@ import torch
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeTensors
+from specc.runtime.verification import Verification
 
 
 @dataclass
@@ -17,6 +18,9 @@ class Draft:
     tree: TreeTensors
     node_tokens: torch.Tensor            # [n]: the root's token, then each node's
     draft_probs: torch.Tensor | None = None  # [depth, vocab] q per depth, for a sampled chain
+    # Named tensors the method's own verifier reads (e.g. states the drafter already
+    # computed for some nodes); the plain target ignores them.
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def sampled_chain(self) -> bool:
@@ -31,13 +35,42 @@ class DraftBudget:
     max_nodes: int
 
 
+class Target(Protocol):
+    """The model the loop prefills, steps and verifies with (`CachedModel`
+    for a plain target graph; a method may compose its own)."""
+
+    device: torch.device | str
+    architecture: object      # ArchitectureSummary: eos tokens, sliding window
+    max_seq_len: int
+
+    def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
+        """Run a causal chunk of tokens after `start` committed ones."""
+
+    def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
+        """Score the draft's flattened tree, its root at slot `prefix_len`."""
+
+    def commit(self, base: int, accepted_offsets: list[int]) -> None:
+        """Keep the accepted tree rows (KV and any per-slot state) at base + 0, 1, …"""
+
+
 class Drafter(Protocol):
-    def begin(self, prompt: torch.Tensor) -> None:
-        """Start a new sequence (reset any per-sequence state)."""
+    def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
+        """Start a new sequence (reset any per-sequence state); `prefill` is the
+        target's forward over the prompt."""
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
         """Draft after `tokens` (whose last one is the root); None drafts nothing."""
 
-    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
-        """Learn which part of the draft the target accepted."""
+    def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
+        """After every target forward: what was drafted (None for a plain step),
+        what the target accepted, and everything the forward returned."""
+
+
+@dataclass
+class MethodRuntime:
+    """A method's runtime: the target the loop verifies with, and its drafter
+    (None decodes one token per target forward)."""
+
+    target: Target
+    drafter: Drafter | None = None

@@ -9,8 +9,7 @@ import torch
 
 from specc.errors import UsageError
 from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
-from specc.runtime.cached_model import CachedModel
-from specc.runtime.drafter import Draft, DraftBudget, Drafter
+from specc.runtime.drafter import Draft, DraftBudget, Drafter, Target
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.stats import GenerationStats
 
@@ -21,8 +20,28 @@ class GenerationResult:
     stats: GenerationStats
 
 
-def generate(target: CachedModel, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
-             sampling: SamplingConfig, max_seq_len: int) -> GenerationResult:
+def generate(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
+             sampling: SamplingConfig, max_seq_len: int, on_tokens=None) -> GenerationResult:
+    """Decode after `prompt_ids`; `on_tokens(ids)`, if given, is called with each
+    round's newly accepted tokens as soon as they are known."""
+    rounds = stream(target, drafter, prompt_ids, max_new_tokens, sampling, max_seq_len)
+    while True:
+        try:
+            emitted = next(rounds)
+        except StopIteration as done:
+            return done.value
+        if on_tokens is not None:
+            on_tokens(emitted)
+
+
+def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
+           sampling: SamplingConfig, max_seq_len: int):
+    """A generator of each round's accepted token ids (the first: the prefill's
+    token); its return value (StopIteration.value) is the `GenerationResult`.
+    Inference mode is held only while the loop works, never across a yield.
+    Sending a true value instead of calling `next` (``rounds.send(True)``,
+    e.g. when a stop string appeared) ends generation there: the generator
+    returns the result for the tokens so far."""
     check_lengths(len(prompt_ids), max_new_tokens, max_seq_len)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     stats = GenerationStats()
@@ -30,19 +49,22 @@ def generate(target: CachedModel, drafter: Drafter | None, prompt_ids: list[int]
     start = time.perf_counter()
     with torch.inference_mode():
         prompt = torch.tensor(prompt_ids, dtype=torch.long, device=target.device)
-        logits = target.extend(prompt, 0)
-        tokens = list(prompt_ids) + [_choose(logits[-1], sampling, generator)]
+        prefill = target.prefill(prompt, 0)
+        tokens = list(prompt_ids) + [_choose(prefill.logits[-1], sampling, generator)]
         stats.target_forward_passes += 1
         stats.prefill_seconds = time.perf_counter() - start
         if drafter is not None:
-            drafter.begin(prompt)
-        new = tokens[len(prompt_ids):]
-        while len(new) < max_new_tokens and new[-1] not in eos:
-            step = _speculate if drafter is not None else _decode_one
+            drafter.begin(prompt, prefill)
+    new = tokens[len(prompt_ids):]
+    stop = yield list(new)
+    while not stop and len(new) < max_new_tokens and new[-1] not in eos:
+        step = _speculate if drafter is not None else _decode_one
+        with torch.inference_mode():
             emitted = step(target, drafter, tokens, max_new_tokens - len(new), sampling, generator, stats)
-            emitted = _truncate(emitted, eos, max_new_tokens - len(new))
-            tokens += emitted
-            new += emitted
+        emitted = _truncate(emitted, eos, max_new_tokens - len(new))
+        tokens += emitted
+        new += emitted
+        stop = yield list(emitted)
     stats.new_tokens = len(new)
     stats.wall_seconds = time.perf_counter() - start
     return GenerationResult(new, stats)
@@ -63,25 +85,27 @@ def check_lengths(prompt_len: int, max_new_tokens: int, max_seq_len: int) -> Non
 
 def _decode_one(target, drafter, tokens, remaining, sampling, generator, stats) -> list[int]:
     start = time.perf_counter()
-    logits = target.extend(torch.tensor(tokens[-1:], device=target.device), len(tokens) - 1)
+    verification = target.prefill(torch.tensor(tokens[-1:], device=target.device), len(tokens) - 1)
     stats.target_forward_passes += 1
-    token = _choose(logits[-1], sampling, generator)
+    token = _choose(verification.logits[-1], sampling, generator)
     stats.verify_seconds += time.perf_counter() - start
+    if drafter is not None:
+        drafter.observe(None, None, verification)
     return [token]
 
 
 def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -> list[int]:
     prefix_len = len(tokens) - 1
-    budget = DraftBudget(max_depth=remaining - 1, max_nodes=target.cache.max_seq_len - prefix_len)
+    budget = DraftBudget(max_depth=remaining - 1, max_nodes=target.max_seq_len - prefix_len)
     start = time.perf_counter()
     draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 else None
     stats.draft_seconds += time.perf_counter() - start
     if draft is None:
         return _decode_one(target, drafter, tokens, remaining, sampling, generator, stats)
     start = time.perf_counter()
-    logits = target.verify_tree(draft.node_tokens, prefix_len, draft.tree)
-    acceptance = _accept(draft, logits, sampling, generator)
-    target.cache.commit(prefix_len, acceptance.path)
+    verification = target.verify_tree(draft, prefix_len)
+    acceptance = _accept(draft, verification.logits, sampling, generator)
+    target.commit(prefix_len, acceptance.path)
     stats.verify_seconds += time.perf_counter() - start
     stats.target_forward_passes += 1
     stats.drafted_tokens += draft.node_tokens.numel() - 1
@@ -89,7 +113,7 @@ def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -
     stats.draft_steps_per_round.append(draft.tree.spec.depth)
     stats.accepted_tokens += len(acceptance.path) - 1
     stats.accepted_per_round.append(len(acceptance.path) - 1)
-    drafter.observe(draft, acceptance)
+    drafter.observe(draft, acceptance, verification)
     accepted = draft.node_tokens[acceptance.path[1:]].tolist()
     return accepted + [acceptance.next_token]
 

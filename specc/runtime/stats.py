@@ -34,7 +34,7 @@ class GenerationStats:
 
     @property
     def step_acceptance_rate(self) -> float | None:
-        """Accepted / draft steps (tree depth): SWIFT's and Kangaroo's α. Equals
+        """Accepted / draft steps (tree depth): the self-speculation papers' α. Equals
         `acceptance_rate` for chains; for trees the siblings at a depth count once."""
         return self.accepted_tokens / self.draft_steps if self.draft_steps else None
 

@@ -71,14 +71,65 @@ class DistillReport:
                 f"{self.final.acceptance:.3f}")
 
 
-Teacher = Callable[[torch.Tensor], tuple[torch.Tensor, object]]   # example → (target probs [N, V], student input)
-Student = Callable[[object], torch.Tensor]                        # student input → logits [N, V]
+@dataclass
+class SparseTarget:
+    """The teacher's top-k next-token probabilities per position, in the
+    student's index space: small enough to precompute for a whole training
+    set. Entries outside the student's vocabulary have index -1."""
+
+    indices: torch.Tensor   # [N, k] long
+    probs: torch.Tensor     # [N, k] float32, renormalised over the kept entries
+    top1: torch.Tensor      # [N] the teacher's argmax in the student's index space (-1: outside it)
+
+    @property
+    def positions(self) -> int:
+        return self.indices.shape[0]
 
 
-def soft_cross_entropy(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+Target = torch.Tensor | SparseTarget   # dense probs [N, V], or sparse top-k
+Teacher = Callable[[torch.Tensor], tuple[Target, object]]   # example → (target, student input)
+Student = Callable[[object], torch.Tensor]                  # student input → logits [N, V]
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, target: Target) -> torch.Tensor:
     """Mean over positions of −Σ p_teacher log softmax(student), in float32."""
     log_q = torch.log_softmax(student_logits.float(), dim=-1)
-    return -(teacher_probs * log_q).sum(dim=-1).mean()
+    if isinstance(target, SparseTarget):
+        kept = target.indices >= 0
+        picked = log_q.gather(-1, target.indices.clamp(min=0))
+        return -(target.probs * picked * kept).sum(dim=-1).mean()
+    return -(target * log_q).sum(dim=-1).mean()
+
+
+def sparse_target(probs: torch.Tensor, k: int, to_student: torch.Tensor | None = None) -> SparseTarget:
+    """Top-k of dense teacher probabilities [N, V]; `to_student` maps a vocabulary
+    id to the student's index (-1 where the student cannot emit it)."""
+    values, indices = probs.float().topk(min(k, probs.shape[-1]), dim=-1)
+    if to_student is not None:
+        indices = to_student[indices]
+    kept = (indices >= 0).float()
+    values = values * kept
+    values = values / values.sum(-1, keepdim=True).clamp(min=1e-9)
+    return SparseTarget(indices, values, indices[:, 0].clone())
+
+
+def cache_teacher(teacher: Teacher, examples: list[torch.Tensor], description: str) -> Teacher:
+    """Run the frozen teacher once per distinct example and serve its outputs
+    from memory afterwards (the teacher is most of the cost of a step)."""
+    cached = {}
+    for example in tqdm(examples, desc=description, unit="window", dynamic_ncols=True):
+        if id(example) not in cached:
+            with torch.no_grad():
+                cached[id(example)] = teacher(example)
+    return lambda example: cached[id(example)] if id(example) in cached else teacher(example)
+
+
+def _top1(target: Target) -> torch.Tensor:
+    return target.top1 if isinstance(target, SparseTarget) else target.argmax(dim=-1)
+
+
+def _positions(target: Target) -> int:
+    return target.positions if isinstance(target, SparseTarget) else target.shape[0]
 
 
 def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parameter],
@@ -125,9 +176,9 @@ def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], s
         for example in examples:
             target, student_input = teacher(example)
             logits = student(student_input)
-            total_loss += soft_cross_entropy(logits, target).item() * target.shape[0]
-            agree += int((logits.argmax(dim=-1) == target.argmax(dim=-1)).sum())
-            positions += target.shape[0]
+            total_loss += soft_cross_entropy(logits, target).item() * _positions(target)
+            agree += int((logits.argmax(dim=-1) == _top1(target)).sum())
+            positions += _positions(target)
     return Evaluation(step, total_loss / positions, agree / positions)
 
 

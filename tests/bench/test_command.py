@@ -16,7 +16,7 @@ def draft_engine(checkpoints, tmp_path_factory):
     target, draft = checkpoints("llama")
     output = tmp_path_factory.mktemp("bench") / "engine"
     compile_engine(CompileRequest(model=str(target), method="draft-model", output=output, max_seq_len=64,
-                                  draft_model=str(draft)))
+                                  settings=[f"draft_model={draft}"]))
     return output
 
 

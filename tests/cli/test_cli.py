@@ -73,10 +73,10 @@ def test_methods_lists_fields_with_defaults(capsys):
      "unknown backend 'tvm'; choose one of: eager, inductor, aoti"),
     (["compile", "{ckpt}", "--method", "none", "--dtype", "int4", "-o", "{root}/x"], 2, "unknown dtype 'int4'"),
     (["compile", "{ckpt}", "--method", "none", "-o", "{root}/engine"], 2, "already exists; pass --force"),
-    (["compile", "{ckpt}", "--method", "draft-model", "-o", "{root}/x"], 2, "needs a draft model; pass --draft-model"),
-    (["compile", "{ckpt}", "--method", "draft-model", "--draft-model", "{ckpt}", "--set", "tree_width=wide",
+    (["compile", "{ckpt}", "--method", "draft-model", "-o", "{root}/x"], 2, "compiles a draft checkpoint too; pass it with --set draft_model=DIR"),
+    (["compile", "{ckpt}", "--method", "draft-model", "--set", "draft_model={ckpt}", "--set", "tree_width=wide",
       "-o", "{root}/x"], 2, "tree_width must be int, got 'wide'"),
-    (["compile", "{ckpt}", "--method", "draft-model", "--draft-model", "{ckpt}", "--set", "num_draft_tokens",
+    (["compile", "{ckpt}", "--method", "draft-model", "--set", "draft_model={ckpt}", "--set", "num_draft_tokens",
       "-o", "{root}/x"], 2, "malformed config setting 'num_draft_tokens'; write it as key=value"),
     (["compile", "{ckpt}", "--method", "none", "--set", "gamma=3", "-o", "{root}/x"], 2, "unknown config field"),
     (["compile", "{ckpt}", "--method", "none", "--max-seq-len", "2", "-o", "{root}/x"], 2, "--max-seq-len 2"),
@@ -85,7 +85,9 @@ def test_methods_lists_fields_with_defaults(capsys):
     (["run", "{root}/engine", "--prompt", "w5", "--temperature", "-1"], 2, "--temperature -1.0 is negative"),
     (["run", "{root}/engine", "--prompt", "w5", "--top-p", "1.5"], 2, "--top-p 1.5 is outside (0, 1]"),
     (["run", "{root}/nothing", "--prompt", "w5"], 2, "does not exist"),
-    (["run", "{ckpt}", "--prompt", "w5"], 1, "no manifest.json"),
+    (["run", "{ckpt}", "--prompt", "w5"], 2, "is a model checkpoint, not an engine; compile it first: specc compile"),
+    (["run", "{ckpt}/config.json", "--prompt", "w5"], 2, "is a file, not an engine"),
+    (["run", "{root}", "--prompt", "w5"], 2, "is not a specc engine (it has no manifest.json)"),
     (["inspect", "{root}/engine", "--graph", "draft"], 2, "no graph 'draft'"),
     (["inspect", "{root}/engine", "--after", "fuse_everything"], 2, "no pass 'fuse_everything'"),
 ])
@@ -133,9 +135,11 @@ def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, caps
 
     from specc.methods import descriptor
 
-    eager_only = dataclasses.replace(descriptor.get_method("none"), name="eager-only", backends=("eager",))
-    monkeypatch.setitem(descriptor._REGISTRY, "eager-only", eager_only)
+    demanding = dataclasses.replace(descriptor.get_method("none"), name="demanding",
+                                    requires=frozenset({"tensor_cores"}))
+    monkeypatch.setitem(descriptor._REGISTRY, "demanding", demanding)
     root, checkpoint = workspace
-    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "eager-only", "--backend", "aoti",
+    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "demanding", "--backend", "aoti",
                            "-o", str(root / "x"))
-    assert code == 2 and "does not support backend 'aoti'" in err and not (root / "x").exists()
+    assert code == 2 and "needs tensor_cores, which backend 'aoti' does not provide" in err
+    assert not (root / "x").exists()

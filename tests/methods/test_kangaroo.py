@@ -4,6 +4,11 @@ compile-time training that helps and is deterministic."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
+import torch.fx as fx
+
 from pathlib import Path
 
 import pytest
@@ -20,9 +25,12 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
 from specc.methods.descriptor import get_method
 from specc.methods.kangaroo import KangarooConfig
-from specc.methods.kangaroo_runtime import build_runtime
-from specc.methods.kangaroo_train import adapter_parameters, train_adapter
-from specc.runtime.cached_model import CachedModel
+from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY
+from specc.methods.kangaroo.runtime import build_runtime
+from specc.passes.manager import run_passes
+from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
+from specc.methods.kangaroo.train import adapter_parameters, train_adapter
+from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig, probabilities
 from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
@@ -97,17 +105,19 @@ class Rows:
         return self.forward(input_ids, *rest)
 
 
-def runtime(forward_fns: dict, architecture, config: KangarooConfig):
-    """(target, drafter, rounds) over the given graphs; `rounds` records (tree, accepted path)."""
-    shallow = CachedModel(forward_fns["shallow"], architecture, MAX_SEQ_LEN, torch.float32)
-    target, drafter = build_runtime(shallow, forward_fns["deep"], forward_fns["adapter"], MAX_SEQ_LEN,
-                                    torch.float32, config)
+def runtime(context: MethodContext, config: KangarooConfig, graphs: dict | None = None):
+    """(target, drafter, rounds) over the context's graphs (or `graphs` in their place);
+    `rounds` records (tree, accepted path) of every speculative round."""
+    context = dataclasses.replace(context, graphs=graphs or context.graphs)
+    built = build_runtime(context, config)
+    target, drafter = built.target, built.drafter
     rounds = []
     observe = drafter.observe
 
-    def record(draft, acceptance):
-        rounds.append((draft.tree, acceptance.path))
-        observe(draft, acceptance)
+    def record(draft, acceptance, verification):
+        if draft is not None:
+            rounds.append((draft.tree, acceptance.path))
+        observe(draft, acceptance, verification)
 
     drafter.observe = record
     return target, drafter, rounds
@@ -130,14 +140,40 @@ def test_eager_matches_hf_greedy(engines, one_thread, family):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_trees_and_fixed_steps_match_hf_greedy(engines, one_thread, family, variant):
     engine, target = engines(family)
-    model, drafter, rounds = runtime(engine.forward_fns, engine.architecture("shallow"),
-                                     KangarooConfig(**VARIANTS[variant]))
+    model, drafter, rounds = runtime(engine.context, KangarooConfig(**VARIANTS[variant]))
     assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
     assert any(len(path) - 1 == tree.spec.depth for tree, path in rounds), "no round was fully accepted"
     assert any(len(path) == 1 for _, path in rounds), "no round was fully rejected"
     if "tree" in variant:
         assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
             "no sibling was ever accepted; the tree lost coverage"
+
+
+def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_tokens(checkpoints, tmp_path, one_thread):
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+    compile_engine(CompileRequest(model=str(target), method="kangaroo", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN,
+                                  settings=[*TRAIN, f"calib_data={calib}", "draft_vocab_size=40"]))
+    engine = load_engine(tmp_path / "engine")
+    ids = engine.method_state[DRAFT_VOCABULARY_KEY]
+    assert len(ids) == 40 == len(set(ids)) and set(engine.architecture("adapter").eos_token_ids) <= set(ids)
+    logits = [s for s in engine.context.signatures["adapter"].outputs if s.role == "logits"]
+    assert logits[0].shape == (1, "q", 40)
+    assert "reduce_draft_vocabulary" in [r["pass_name"] for r in engine.manifest["passes"] if r["graph"] == "adapter"]
+    drafted = []
+    propose = engine.drafter.propose
+
+    def record(*args):
+        draft = propose(*args)
+        if draft is not None:
+            drafted.extend(draft.node_tokens[1:].tolist())
+        return draft
+
+    engine.drafter.propose = record
+    results = assert_identical(lambda ids_: engine.generate_ids(ids_, MAX_NEW_TOKENS), target)
+    assert drafted and set(drafted) <= set(ids)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -162,11 +198,11 @@ def test_aoti_packages_every_graph_and_matches_hf_greedy(engines, one_thread):
 def test_verification_never_reruns_the_shallow_layers(engines, one_thread, variant):
     engine, _ = engines("llama")
     exit_layer = engine.method_state["exit_layer"]
-    assert {layer_index(n) for n in engine.graph_modules["shallow"].graph.nodes} - {None} == set(range(exit_layer))
-    assert {layer_index(n) for n in engine.graph_modules["deep"].graph.nodes} - {None} == set(range(exit_layer, 3))
-    counted = {name: Rows(engine.forward_fns[name]) for name in ("shallow", "deep", "adapter")}
+    assert {layer_index(n) for n in engine.context.modules["shallow"].graph.nodes} - {None} == set(range(exit_layer))
+    assert {layer_index(n) for n in engine.context.modules["deep"].graph.nodes} - {None} == set(range(exit_layer, 3))
+    counted = {name: Rows(engine.context.graphs[name]) for name in ("shallow", "deep", "adapter")}
     config = KangarooConfig(**VARIANTS.get(variant, {}))
-    model, drafter, rounds = runtime(counted, engine.architecture("shallow"), config)
+    model, drafter, rounds = runtime(engine.context, config, counted)
     for ids in varied_prompts(8, 96, seed=3):
         generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN)
     # The deep side sees every prefilled, verified or plainly decoded row once; the shallow
@@ -219,14 +255,28 @@ def assert_distribution(counts: torch.Tensor, expected: torch.Tensor, label: str
 @pytest.mark.parametrize("variant,sampling", [
     ("chain", SamplingConfig(temperature=1.0)),
     ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
+    ("reduced-chain", SamplingConfig(temperature=1.0)),
+    ("reduced-tree", SamplingConfig(temperature=0.8, top_p=0.9)),
 ])
 def test_sampling_matches_the_target_distribution(small_vocab, one_thread, variant, sampling):
     model, program = small_vocab
-    graphs = {name: graph.module for name, graph in program.graphs.items()}
     settings = dict(exit_threshold=0.0, max_draft_steps=2)
-    if variant == "tree":
+    if variant.endswith("tree"):
         settings.update(tree_width=3, tree_threshold=1.0)
-    target, drafter, rounds = runtime(graphs, program.graphs["shallow"].architecture, KangarooConfig(**settings))
+    state = {}
+    if variant.startswith("reduced"):
+        # The draft head keeps 10 of the 16 rows: the rest can never be drafted, yet every
+        # token must keep its target probability.
+        program = copy.copy(program)
+        program.graphs = dict(program.graphs)
+        adapter = program.graphs["adapter"]
+        ids = (3, 0, 7, 9, 1, 12, 5, 15, 8, 2)
+        reduced, _ = run_passes("adapter", fx.GraphModule(adapter.module, copy.deepcopy(adapter.module.graph)),
+                                [ReduceDraftVocabulary(DraftVocabularyConfig(ids))])
+        program.graphs["adapter"] = dataclasses.replace(adapter, module=reduced)
+        state = {DRAFT_VOCABULARY_KEY: list(ids)}
+    context = MethodContext.eager(program, MAX_SEQ_LEN, state=state)
+    target, drafter, rounds = runtime(context, KangarooConfig(**settings))
     prompt = [5, 9, 7]
     counts = torch.zeros(2, 16)
     samples = 1200
@@ -252,7 +302,7 @@ def test_engine_stores_the_adapter_once_with_its_training_report(engines):
     added = load_file(str(engine.path / "weights" / "added.safetensors"))
     assert added and all(name.startswith("adapter.") for name in added)
     assert not any(name.startswith("adapter.") for name in source)
-    loaded = dict(engine.graph_modules["adapter"].named_buffers())
+    loaded = dict(engine.context.modules["adapter"].named_buffers())
     for name, tensor in added.items():
         assert torch.equal(loaded[name], tensor)
     layer = engine.method_state["exit_layer"]
@@ -277,7 +327,7 @@ def test_config_fields_are_documented_and_validated(capsys):
 def test_exit_layer_must_leave_layers_to_verify(checkpoints, tmp_path):
     request = CompileRequest(model=str(checkpoints("llama")[0]), method="kangaroo", output=tmp_path / "engine",
                              settings=["exit_layer=3", "train_steps=0"])
-    with pytest.raises(SpeccError, match="exit layer 3 .* 3-layer model"):
+    with pytest.raises(SpeccError, match="exit_layer=3 must be below the model.s 3 layers"):
         compile_engine(request)
 
 
@@ -294,7 +344,7 @@ def trainable(checkpoints, tmp_path_factory):
     return program, initial, load_tokenizer(target), calib
 
 
-def train_from_initial(trainable, *settings: str) -> dict:
+def train_from_initial(trainable, *settings: str):
     program, initial, tokenizer, calib = trainable
     with torch.no_grad():
         for name, p in adapter_parameters(program.graphs["adapter"].module).items():
@@ -305,11 +355,11 @@ def train_from_initial(trainable, *settings: str) -> dict:
 
 def test_training_lowers_loss_and_raises_heldout_acceptance(trainable, one_thread):
     result = train_from_initial(trainable, "train_steps=200", "learning_rate=1e-2", "eval_every=100")
-    heldout = result["method_state"]["training"]["heldout"]
+    heldout = result.state["training"]["heldout"]
     untrained, trained = heldout[0], heldout[-1]
     assert trained["loss"] < untrained["loss"] - 0.1
     assert trained["acceptance"] > untrained["acceptance"]
-    training = result["method_state"]["training"]
+    training = result.state["training"]
     assert training["train_loss_last"] < training["train_loss_first"]
 
 
@@ -317,7 +367,7 @@ def test_training_is_deterministic_for_a_seed(trainable, one_thread):
     first = train_from_initial(trainable, "train_steps=12", "seed=5")
     again = train_from_initial(trainable, "train_steps=12", "seed=5")
     other = train_from_initial(trainable, "train_steps=12", "seed=6")
-    names = [name for name in first if name != "method_state"]
-    assert all(torch.equal(first[name], again[name]) for name in names)
-    assert first["method_state"]["training"]["heldout"] == again["method_state"]["training"]["heldout"]
-    assert not all(torch.equal(first[name], other[name]) for name in names)
+    names = list(first.weights)
+    assert all(torch.equal(first.weights[name], again.weights[name]) for name in names)
+    assert first.state["training"]["heldout"] == again.state["training"]["heldout"]
+    assert not all(torch.equal(first.weights[name], other.weights[name]) for name in names)

@@ -20,8 +20,8 @@ def compile_variant(checkpoints, tmp_path, family: str, variant: str, backend: s
     target, draft = checkpoints(family)
     method = "none" if variant == "none" else "draft-model"
     request = CompileRequest(model=str(target), method=method, output=tmp_path / "engine", backend=backend,
-                             max_seq_len=96, settings=METHODS[variant],
-                             draft_model=str(draft) if method == "draft-model" else None)
+                             max_seq_len=96,
+                             settings=METHODS[variant] + ([f"draft_model={draft}"] if method == "draft-model" else []))
     compile_engine(request)
     return load_engine(tmp_path / "engine"), target
 

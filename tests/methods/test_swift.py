@@ -71,7 +71,7 @@ def test_eager_matches_hf_greedy(swift_checkpoint, tmp_path, family):
 def test_inductor_matches_hf_greedy_while_searching(swift_checkpoint, tmp_path, family):
     checkpoint = swift_checkpoint(family)
     engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor",
-                           settings=[*RUN_SETTINGS, "segment_backend=inductor"])
+                           settings=[*RUN_SETTINGS, "compile_segments=true"])
     results = assert_identical(engine, checkpoint, varied_prompts(NUM_PROMPTS, 96, seed=11))
     assert sum(r.stats.accepted_tokens for r in results) > 0
     assert engine.drafter.search.state.tries > 0, "the layer-set search never ran"
@@ -91,7 +91,7 @@ def test_inductor_matches_hf_greedy_and_skip_sets_do_not_recompile(swift_checkpo
 
     checkpoint = swift_checkpoint("llama")
     engine = compile_swift(checkpoint, tmp_path / "engine", backend="inductor",
-                           settings=["calib_prompts=0", "adapt=false", "segment_backend=inductor"])
+                           settings=["calib_prompts=0", "adapt=false", "compile_segments=true"])
     prompts = varied_prompts(8, 96, seed=11)
     assert_identical(engine, checkpoint, prompts[:4])
     graphs = counters["stats"]["unique_graphs"]
@@ -152,12 +152,12 @@ def test_tree_sampling_keeps_the_target_distribution(tmp_path):
         "calib_prompts=0", "adapt=false", "confidence_threshold=0", "max_draft_tokens=3", "tree_widths=3,3,3,3"])
     sampling = SamplingConfig(temperature=1.0)
     prompt, root = [5, 9, 4, 12], 7
-    target, drafter = engine.cached_model("target"), engine.drafter
+    target, drafter = engine.target, engine.drafter
     with torch.inference_mode():
-        target.extend(torch.tensor(prompt), 0)
-        drafter.begin(torch.tensor(prompt))
+        prefill = target.prefill(torch.tensor(prompt), 0)
+        drafter.begin(torch.tensor(prompt), prefill)
         draft = drafter.propose(prompt + [root], DraftBudget(max_depth=3, max_nodes=32), sampling, None)
-        target_probs = probabilities(target.verify_tree(draft.node_tokens, len(prompt), draft.tree), sampling)
+        target_probs = probabilities(target.verify_tree(draft, len(prompt)).logits, sampling)
         model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
         context = torch.tensor([prompt + [root]])
         first = torch.softmax(model(context).logits[0, -1], -1)
@@ -209,7 +209,7 @@ def test_config_rejects_bad_values():
         SwiftConfig.from_assignments(["tree_band_percent=50,80,95"])
     with pytest.raises(UsageError, match="skip_ratio"):
         SwiftConfig.from_assignments(["skip_ratio=1.5"])
-    with pytest.raises(UsageError, match="segment_backend"):
-        SwiftConfig.from_assignments(["segment_backend=aoti"])
+    with pytest.raises(UsageError, match="compile_segments"):
+        SwiftConfig.from_assignments(["compile_segments=inductor"])
     config = SwiftConfig()
     assert [config.fan_width(p) for p in (0.99, 0.9, 0.6, 0.2)] == [1, 3, 5, 10]

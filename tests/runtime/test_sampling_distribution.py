@@ -91,7 +91,7 @@ def compile_draft_engine(root, target, draft, name, settings):
     out = root / name
     if not out.exists():
         compile_engine(CompileRequest(model=str(target), method="draft-model", output=out, max_seq_len=32,
-                                      draft_model=str(draft), settings=settings))
+                                      settings=[*settings, f"draft_model={draft}"]))
     return load_engine(out)
 
 

@@ -1,21 +1,4 @@
-"""Method `kangaroo`: an adapter draft head on a shallow exit of the target (double early exit).
-
-Kangaroo (Liu et al., 2024) drafts with the target's first `l` layers plus
-a small trained adapter (input RMSNorm → one attention block with residual
-→ final RMSNorm → the target's own LM head), and stops drafting as soon as
-the adapter's top-1 probability drops below η. Verification runs only
-layers l..L-1 on the stored layer-l exits. Three graphs, all cut from the
-target by passes:
-
-- `shallow`: prologue + layers 0..l-1 → the exit hidden state;
-- `deep`: exit hidden state → layers l..L-1 → final norm → LM head;
-- `adapter`: exit hidden state → adapter → LM head, with its own KV cache.
-
-The adapter is trained inside `specc compile` (`kangaroo_train`), self-
-distilled from the frozen target. Beyond the reference code: lossless
-sampling (Leviathan for sampled chains, point-mass rejection for trees)
-and an optional tree (the adapter's top-k at low-confidence depths).
-"""
+"""Kangaroo's configuration: exit layer, drafting and adapter training."""
 
 from __future__ import annotations
 
@@ -23,10 +6,9 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
-from specc.methods.descriptor import GraphRecipe, MethodDescriptor, register
-from specc.methods.infrastructure import infrastructure_passes
-from specc.passes.attach_adapter_head import AttachAdapterHead
-from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
+
+
+DRAFT_VOCABULARY_KEY = "draft_vocabulary"   # manifest state: token id of each row of the reduced draft head
 
 
 @dataclass(frozen=True)
@@ -44,6 +26,13 @@ class KangarooConfig(MethodConfig):
                                     "(0 keeps the initial adapter: copies of layer l's attention); on the "
                                     "8-layer `small` reference model 300 steps reach 0.35 held-out top-1 "
                                     "agreement, 1500 reach 0.42 (~45 ms/step on one CPU thread)")
+    train_windows: int = option(256, "distinct training windows: the frozen target runs once on each and its "
+                                     "exit states and top-k next-token probabilities are cached; the steps "
+                                     "cycle through them")
+    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
+    draft_vocab_size: int = option(8192, "rows of the adapter's LM head: the most frequent tokens of the "
+                                         "calibration text (verification keeps the full head, so output is "
+                                         "unchanged); 0, or at least the vocabulary size, keeps the full head")
     learning_rate: float = option(1e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
                                         "for far longer runs")
     warmup_steps: int = option(30, "linear learning-rate warm-up steps, then cosine decay to zero")
@@ -67,6 +56,9 @@ class KangarooConfig(MethodConfig):
         _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
         _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be 0 or more")
         _check(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be positive")
+        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
+        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
+        _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
         _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
         _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
         _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
@@ -75,43 +67,3 @@ class KangarooConfig(MethodConfig):
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise UsageError(message)
-
-
-def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
-    layer = config.exit_layer or None    # None: the pass scales the paper's 2 of 32 to the model
-    shallow = LayerExitConfig(layer, keep="shallow")
-    deep = LayerExitConfig(layer, keep="deep")
-    return {
-        "shallow": GraphRecipe("target", lambda c: infrastructure_passes() + [ExposeLayerExit(shallow)]),
-        "deep": GraphRecipe("target", lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
-        "adapter": GraphRecipe("target", lambda c: infrastructure_passes()
-                               + [ExposeLayerExit(deep), AttachAdapterHead()]),
-    }
-
-
-def _make_drafter(engine, config: KangarooConfig):
-    from specc.methods.kangaroo_runtime import build_runtime
-
-    target, drafter = build_runtime(engine.cached_model("shallow"), engine.forward_fns["deep"],
-                                    engine.forward_fns["adapter"], engine.max_seq_len, engine.dtype, config)
-    engine.register_model("target", target)
-    if engine.backend == "inductor":
-        drafter.warm_up(target)
-    return drafter
-
-
-def _train(program, config: KangarooConfig, tokenizer) -> dict:
-    from specc.methods.kangaroo_train import train_adapter
-
-    return train_adapter(program, config, tokenizer)
-
-
-register(MethodDescriptor(
-    name="kangaroo",
-    summary="self-speculation from a shallow exit of the target with a trained one-attention adapter "
-            "head; verification resumes at the exit (chain or top-k tree)",
-    config_class=KangarooConfig,
-    graphs=_graphs,
-    make_drafter=_make_drafter,
-    train=_train,
-))

@@ -14,11 +14,12 @@ import torch
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
-from specc.methods.descriptor import GraphRecipe, MethodDescriptor, register
+from specc.methods.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor
 from specc.methods.infrastructure import infrastructure_passes
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.verification import Verification
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
 
@@ -26,7 +27,7 @@ from specc.runtime.tree import TreeSpec, tree_tensors
 @dataclass(frozen=True)
 class DraftModelConfig(MethodConfig):
     draft_model: str | None = option(None, "draft checkpoint directory (same tokenizer as the target); "
-                                           "also settable as --draft-model")
+                                           "required")
     num_draft_tokens: int = option(4, "draft depth per round (gamma)")
     tree_width: int = option(1, "candidates per depth: 1 drafts a chain; k > 1 adds the draft's top-k "
                                 "siblings at every depth (a top-1 chain with sibling fans)")
@@ -46,7 +47,7 @@ class DraftModelDrafter:
         self._proposal_base = 0   # len(tokens) when the last draft was proposed
         self._fed_chain = 0       # chain tokens fed back into the draft model
 
-    def begin(self, prompt: torch.Tensor) -> None:
+    def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         self.cached_len = 0
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
@@ -77,7 +78,9 @@ class DraftModelDrafter:
             draft_probs=torch.stack(draft_probs) if sampled_chain else None,
         )
 
-    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+    def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
+        if draft is None:
+            return   # a plain step: the next proposal feeds the new tokens from cached_len
         chain_accepted = 0
         for node, chain_node in zip(acceptance.path[1:], draft.tree.chain_nodes):
             if node != chain_node:
@@ -86,18 +89,19 @@ class DraftModelDrafter:
         self.cached_len = self._proposal_base + min(chain_accepted, self._fed_chain)
 
 
-def _make_drafter(engine, config: DraftModelConfig) -> DraftModelDrafter:
-    return DraftModelDrafter(engine.cached_model("draft"), config)
+def _build_runtime(context, config: DraftModelConfig) -> MethodRuntime:
+    return MethodRuntime(context.model("target"), DraftModelDrafter(context.model("draft"), config))
 
 
-register(MethodDescriptor(
+METHOD = MethodDescriptor(
     name="draft-model",
-    summary="speculative decoding with a separate small Hugging Face draft model (chain or top-k tree)",
+    summary="speculative decoding with a separate small Hugging Face draft model (chain or top-k tree); "
+            "pass it with --set draft_model=DIR",
     config_class=DraftModelConfig,
     graphs=lambda config: {
-        "target": GraphRecipe("target", lambda c: infrastructure_passes()),
+        "target": GraphRecipe(TARGET, lambda c: infrastructure_passes()),
         "draft": GraphRecipe("draft", lambda c: infrastructure_passes()),
     },
-    make_drafter=_make_drafter,
-    needs_draft_model=True,
-))
+    build_runtime=_build_runtime,
+    extra_sources=(ExtraSource("draft", "draft_model"),),
+)

@@ -9,8 +9,12 @@ which asks a Gaussian-process model fitted to every score seen so far
 (scikit-optimize, lower confidence bound with `kappa` on the negated score,
 i.e. the paper's UCB) and skips the sublayers with the largest suggested
 coordinates. A candidate replaces the incumbent only if it scores higher.
-The search stops for good when a score exceeds `max_score`, after
-`max_tolerance` tries without improvement, or after `max_tries` tries.
+Every candidate is tried at most once (the incumbent counts as tried): a
+suggestion already tried is replaced by a random untried one. The search
+stops for good when a score exceeds `max_score`, after `max_tolerance`
+tries without improvement, after `max_tries` tries, or when every skip set
+of the candidate size has been tried (a model with 4 skippable sublayers
+has only 4 sets of 1).
 
 The caller measures scores (see `SwiftDrafter.matchness`); this class only
 decides what to try next and keeps the state, which lives as long as the
@@ -24,8 +28,10 @@ tokens rather than with a score measured on another prompt.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
+from itertools import combinations
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,15 @@ class LayerSetSearch:
         self.num_skipped = max(1, int(settings.skip_ratio * len(sublayers)))
         self.state = SearchState(best=frozenset(initial) if initial is not None else odd_layers(sublayers))
         self._rng = random.Random(settings.seed)
+        self.space_size = math.comb(len(self.sublayers), self.num_skipped)
+        self.tried: set[frozenset[str]] = {self.state.best} if len(self.state.best) == self.num_skipped else set()
+        if self.exhausted:
+            self.state.stop_reason = f"all {self.space_size} candidate skip sets tried"
+
+    @property
+    def exhausted(self) -> bool:
+        """Every skip set of the candidate size has been scored."""
+        return len(self.tried) >= self.space_size
 
     @property
     def best(self) -> frozenset[str]:
@@ -78,7 +93,21 @@ class LayerSetSearch:
     def suggest(self) -> frozenset[str]:
         """The next candidate: Bayesian every `bayes_interval`-th try, else random."""
         if (self.state.tries + 1) % self.settings.bayes_interval == 0 and len(self.state.observed) >= 2:
-            return self._bayesian()
+            candidate = self._bayesian()
+            if candidate not in self.tried:
+                return candidate
+        return self._random_untried()
+
+    def _random_untried(self) -> frozenset[str]:
+        if self.space_size <= 20_000:   # small space: draw from the untried sets exactly
+            untried = [frozenset(c) for c in combinations(self.sublayers, self.num_skipped)
+                       if frozenset(c) not in self.tried]
+            if untried:
+                return self._rng.choice(untried)
+        for _ in range(1000):   # huge space: a random draw is almost surely untried
+            candidate = frozenset(self._rng.sample(self.sublayers, self.num_skipped))
+            if candidate not in self.tried:
+                return candidate
         return frozenset(self._rng.sample(self.sublayers, self.num_skipped))
 
     def rescore(self, score: float) -> None:
@@ -93,6 +122,7 @@ class LayerSetSearch:
         state, settings = self.state, self.settings
         state.observed.append((candidate, score))
         state.tries += 1
+        self.tried.add(candidate)
         improved = state.best_score is None or score > state.best_score
         if improved:
             state.best, state.best_score, state.since_improvement = candidate, score, 0
@@ -104,6 +134,8 @@ class LayerSetSearch:
             state.stop_reason = f"{state.since_improvement} tries without improvement"
         elif state.tries >= settings.max_tries:
             state.stop_reason = f"{state.tries} tries"
+        elif self.exhausted:
+            state.stop_reason = f"all {self.space_size} candidate skip sets tried"
         return improved
 
     def _bayesian(self) -> frozenset[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.methods.config import MethodConfig
-from specc.methods.descriptor import GraphRecipe, MethodDescriptor, register
+from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor
 from specc.methods.infrastructure import infrastructure_passes
+from specc.runtime.drafter import MethodRuntime
 
 
 @dataclass(frozen=True)
@@ -18,10 +19,10 @@ class AutoregressiveConfig(MethodConfig):
     pass
 
 
-register(MethodDescriptor(
+METHOD = MethodDescriptor(
     name="none",
     summary="plain autoregressive decoding through the compiled graph (the baseline engine)",
     config_class=AutoregressiveConfig,
-    graphs=lambda config: {"target": GraphRecipe("target", lambda c: infrastructure_passes())},
-    make_drafter=lambda engine, config: None,
-))
+    graphs=lambda config: {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes())},
+    build_runtime=lambda context, config: MethodRuntime(context.model("target")),
+)

@@ -1,0 +1,113 @@
+"""The Python API, mirroring the command line: compile, load, generate, stream.
+
+    import specc
+    specc.compile("ckpt/", "kangaroo", "engine/", settings={"train_steps": 300})
+    engine = specc.load("engine/")
+    print(engine.generate("def quicksort(xs):", max_new_tokens=48).text)
+    for piece in engine.stream("def quicksort(xs):"):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from specc.runtime.stats import GenerationStats
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]       # generated ids only
+    stats: GenerationStats
+
+
+def compile(model: str | Path, method: str, output: str | Path, *, backend: str = "eager",
+            dtype: str = "float32", max_seq_len: int = 1024, settings: dict | None = None,
+            force: bool = False, progress: bool = False) -> dict:
+    """`specc compile`: write an engine for `model` to `output`; returns the manifest's fields.
+    `settings` are the method's config fields (see `specc methods`)."""
+    from specc.compiler import CompileRequest, compile_engine
+
+    assignments = [f"{key}={_setting_text(value)}" for key, value in (settings or {}).items()]
+    return compile_engine(CompileRequest(model=str(model), method=method, output=Path(output), backend=backend,
+                                         dtype=dtype, max_seq_len=max_seq_len, force=force, settings=assignments,
+                                         show_progress=progress))
+
+
+def load(engine: str | Path, backend: str | None = None) -> "Engine":
+    """`specc run`'s loader: verify the engine's files and build its runtime."""
+    from specc.engine.loaded import load_engine
+
+    return Engine(load_engine(engine, backend))
+
+
+class Engine:
+    def __init__(self, loaded):
+        self.loaded = loaded
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def manifest(self) -> dict:
+        return self.loaded.manifest
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None) -> Generation:
+        """Text and ids after `prompt` (text, or token ids), with acceptance statistics.
+        temperature 0 decodes greedily (token-identical to HF greedy for lossless methods)."""
+        ids = self._ids(prompt)
+        result = self.loaded.generate_ids(ids, max_new_tokens, _sampling(temperature, top_p, seed))
+        return Generation(self.tokenizer.decode(result.token_ids, skip_special_tokens=True), result.token_ids,
+                          result.stats)
+
+    def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
+               top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
+        """The generated text piece by piece, as each round's tokens are accepted."""
+        from specc.runtime.generate import stream
+
+        engine = self.loaded
+        rounds = stream(engine.target, engine.drafter, self._ids(prompt), max_new_tokens,
+                        _sampling(temperature, top_p, seed), engine.max_seq_len)
+        text = TextDelta(self.tokenizer)
+        for ids in rounds:
+            piece = text.add(ids)
+            if piece:
+                yield piece
+
+    def _ids(self, prompt: str | list[int]) -> list[int]:
+        return list(prompt) if isinstance(prompt, (list, tuple)) else self.loaded.encode(prompt)
+
+
+class TextDelta:
+    """Turns token ids arriving in pieces into text pieces: decodes everything so
+    far and returns what is new, holding back an unfinished multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, ids: list[int]) -> str:
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
+
+
+def _sampling(temperature: float, top_p: float, seed: int | None):
+    from specc.runtime.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=temperature, top_p=top_p, seed=seed)
+
+
+def _setting_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)

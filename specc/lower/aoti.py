@@ -1,0 +1,55 @@
+"""`aoti`: AOTInductor packages (`compiled/<graph>.pt2`) built at compile time.
+
+Each graph is exported with its `q` and `kv` dimensions dynamic, from
+example inputs built from its declared signature, and packaged; loading
+needs no recompilation. Segments a method calls at run time (e.g. skippable
+sublayers) cannot be packaged separately: they go through Inductor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specc.errors import SpeccError, UsageError
+from specc.graph.signature import dynamic_dims, example_inputs
+from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
+from specc.lower.inductor import compile_dynamic
+
+
+class AOTInductorBackend(Backend):
+    name = "aoti"
+    help = "package each graph with AOTInductor at compile time (compiled/*.pt2); loads without recompiling"
+    capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
+    ahead_of_time = True
+
+    def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
+        example = example_inputs(target.signature, target.sizes, target.dtype)
+        dynamic = dynamic_dims(target.signature, target.max_seq_len)
+        file_name = f"{target.name}.pt2"
+        try:
+            exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
+                                           strict=False)
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(artifacts / file_name))
+        except Exception as exc:
+            raise SpeccError(f"AOTInductor packaging of graph {target.name!r} failed: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        return [file_name]
+
+    def load(self, target: LoweringTarget, artifacts: Path, manifest: dict):
+        package = artifacts / f"{target.name}.pt2"
+        if not package.is_file():
+            raise UsageError(f"the engine has no AOTInductor package for graph {target.name!r}; "
+                             f"it was compiled for backend {manifest['backend']!r}")
+        built_with = manifest["versions"]["torch"]
+        if built_with != torch.__version__:
+            raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
+                             f"{torch.__version__}; recompile the engine")
+        return torch._inductor.aoti_load_package(str(package))
+
+    def lower_segment(self, segment):
+        return compile_dynamic(segment)
+
+
+BACKEND = AOTInductorBackend()

@@ -1,0 +1,58 @@
+"""What a backend is: how it lowers a named graph, at compile time and at load.
+
+A backend is registered by name (`specc.lower.registry`) and declares its
+capabilities; a method lists the capabilities it needs and never names a
+backend. Every graph a backend lowers comes with its declared signature
+(`specc.graph.signature`), from which it builds example inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from specc.graph.signature import GraphSignature
+
+# Capabilities a backend may declare:
+RUN_TIME_SEGMENTS = "run_time_segments"   # lowers FX submodules (layer segments) when the engine loads
+EXTRA_INPUTS = "extra_inputs"             # graphs with declared inputs beyond the decoding layout
+EXTRA_OUTPUTS = "extra_outputs"           # graphs with several outputs (hidden states, extra logits)
+CAPABILITIES = (RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS)
+
+
+@dataclass(frozen=True)
+class LoweringTarget:
+    """One named graph to lower: its FX module, signature and static sizes."""
+
+    name: str
+    module: fx.GraphModule
+    signature: GraphSignature
+    sizes: dict[str, int]
+    dtype: torch.dtype
+    max_seq_len: int
+
+
+class Backend:
+    """Base class: subclasses set the class attributes and override the hooks."""
+
+    name: str = ""
+    help: str = ""
+    capabilities: frozenset[str] = frozenset()
+    ahead_of_time: bool = False     # `package` writes artifacts into the engine at compile time
+    compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
+
+    def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
+        """Write the graph's compiled artifacts under `artifacts`; return their file names."""
+        return []
+
+    def load(self, target: LoweringTarget, artifacts: Path, manifest: dict) -> Callable:
+        """The callable that runs the graph (same inputs and outputs as the graph)."""
+        raise NotImplementedError
+
+    def lower_segment(self, segment: fx.GraphModule) -> Callable:
+        """A callable for one segment (submodule) of a graph, built when the engine loads."""
+        return segment

@@ -1,0 +1,28 @@
+"""`inductor`: torch.compile each graph when the engine loads."""
+
+from __future__ import annotations
+
+import torch
+
+from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
+
+
+def compile_dynamic(module):
+    # Inductor compiles lazily, on the first call per shape family (q = 1 and q > 1).
+    return torch.compile(module, dynamic=True, fullgraph=True)
+
+
+class InductorBackend(Backend):
+    name = "inductor"
+    help = "compile each graph with torch.compile (Inductor) when the engine loads"
+    capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
+    compiles_lazily = True
+
+    def load(self, target, artifacts, manifest):
+        return compile_dynamic(target.module)
+
+    def lower_segment(self, segment):
+        return compile_dynamic(segment)
+
+
+BACKEND = InductorBackend()

@@ -1,0 +1,209 @@
+"""Kangaroo's runtime: a target that verifies from layer-l exit states with
+`deep`, and a drafter over `shallow` + `adapter`.
+
+Where work happens, per round (root = the last committed token):
+- drafting runs the shallow layers once on the root and on each chain token
+  it feeds on (writing the target's shallow KV for real, at the token's
+  tree slot) and runs the adapter on each exit state; the draft carries
+  those exit states to the verifier (`Draft.extras`);
+- verification runs the shallow layers only on the tree nodes the draft
+  brought no exit state for (the last drafted token and any siblings),
+  then the deep layers on every node, and returns every node's exit state
+  (`Verification.extras`); prefill and plain steps are the same forward
+  with nothing brought. So every token's shallow KV is written exactly once.
+
+The drafter keeps the exit state of every committed position (taken from
+each verification) and an adapter KV cache of its own. Positions the
+adapter has not seen yet (the prompt, and after full acceptance the last
+drafted token or an accepted sibling) are fed to it from their stored
+exits at the start of the next round, in the same adapter call as the root.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY, KangarooConfig
+from specc.runtime.acceptance import Acceptance
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.masks import causal_chunk_mask, tree_mask
+from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.tree import TreeSpec, tree_tensors
+from specc.runtime.verification import Verification
+
+EXITS = "exit_hidden"          # exit states of the rows run, [q, hidden] (draft and verification extras)
+EXIT_NODES = "exit_nodes"      # which tree nodes the draft's exit states belong to
+
+
+class ExitVerifier:
+    """The target for the loop: shallow layers where no exit state is known, then
+    the deep layers on all rows. Both graphs write the same (target) cache."""
+
+    def __init__(self, shallow: CachedModel, deep: CachedModel):
+        self.shallow = shallow
+        self.deep = deep
+        self.architecture = deep.architecture
+        self.device = deep.device
+        self.max_seq_len = deep.max_seq_len
+
+    def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
+        slots = torch.arange(start, start + tokens.numel(), device=self.device)
+        return self._forward(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), self.device), {})
+
+    def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
+        n = draft.node_tokens.numel()
+        slots = torch.arange(prefix_len, prefix_len + n, device=self.device)
+        positions = draft.tree.depth.to(self.device) + prefix_len
+        return self._forward(draft.node_tokens, positions, slots, tree_mask(prefix_len, draft.tree), draft.extras)
+
+    def commit(self, base: int, accepted_offsets: list[int]) -> None:
+        self.deep.commit(base, accepted_offsets)
+
+    def _forward(self, tokens, positions, slots, mask, known: dict) -> Verification:
+        exits = torch.empty(tokens.numel(), self.architecture.hidden_size, dtype=self.deep.cache.tensors[0].dtype,
+                            device=self.device)
+        missing = torch.ones(tokens.numel(), dtype=torch.bool, device=self.device)
+        if EXIT_NODES in known:
+            exits[known[EXIT_NODES]] = known[EXITS]
+            missing[known[EXIT_NODES]] = False
+        stale = missing.nonzero().flatten()
+        if stale.numel():
+            (hidden,) = self.shallow.run_all(tokens[stale], positions[stale], slots[stale], mask[:, :, stale])
+            exits[stale] = hidden[0]
+        verification = self.deep.run(tokens, positions, slots, mask, exits[None])
+        verification.extras[EXITS] = exits
+        return verification
+
+
+class KangarooDrafter:
+    def __init__(self, shallow: CachedModel, adapter: CachedModel, config: KangarooConfig,
+                 vocabulary: torch.Tensor | None = None):
+        """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""
+        self.shallow = shallow
+        self.adapter = adapter
+        self.config = config
+        self.vocabulary = vocabulary
+        self.vocab_size = shallow.architecture.vocab_size
+        arch = shallow.architecture
+        self.exits = torch.zeros(shallow.max_seq_len + 1, arch.hidden_size, dtype=shallow.cache.tensors[0].dtype,
+                                 device=shallow.device)   # exit state of each committed position
+        self.adapter_len = 0   # positions whose adapter KV is valid
+        self._root = 0         # slot of the root of the last draft
+        self._fed = 0          # chain tokens of the last draft that went through the adapter
+        self._chain_exits: list[torch.Tensor] = []
+
+    def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
+        self.adapter_len = 0
+        self.exits[: prompt.numel()] = prefill.extras[EXITS]
+
+    def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft | None:
+        config = self.config
+        max_depth = min(config.max_draft_steps, budget.max_depth, budget.max_nodes - 1)
+        if max_depth < 1:
+            return None
+        root = len(tokens) - 1
+        sampled_chain = not sampling.greedy and config.tree_width == 1
+        logits = self._catch_up_and_root(tokens, root)
+        node_tokens, widths, draft_probs, chain_slots = [tokens[-1]], [], [], [root]
+        for depth in range(1, max_depth + 1):
+            probs = _draft_distribution(logits, sampling)
+            confidence = float(probs.max())
+            slot = root + len(node_tokens)
+            if sampled_chain:
+                level = self._token_ids(torch.tensor([sample(probs, generator)]))
+                draft_probs.append(self._full_vocabulary(probs))
+            else:
+                width = config.tree_width if confidence < config.tree_threshold else 1
+                level = self._token_ids(probs.topk(min(width, budget.max_nodes - len(node_tokens))).indices)
+            node_tokens += level
+            widths.append(len(level))
+            if depth == max_depth or confidence < config.exit_threshold or len(node_tokens) >= budget.max_nodes:
+                break
+            chain_slots.append(slot)
+            logits = self._feed_chain_token(level[0], root + depth, chain_slots)
+        self._root, self._fed = root, len(chain_slots) - 1
+        device = self.shallow.device
+        slots = torch.tensor(chain_slots, device=device)
+        return Draft(
+            tree=tree_tensors(TreeSpec(tuple(widths))),
+            node_tokens=torch.tensor(node_tokens, device=device),
+            draft_probs=torch.stack(draft_probs) if sampled_chain else None,
+            extras={EXITS: torch.stack(self._chain_exits), EXIT_NODES: slots - root},
+        )
+
+    def _token_ids(self, rows: torch.Tensor) -> list[int]:
+        return (rows if self.vocabulary is None else self.vocabulary[rows]).tolist()
+
+    def _full_vocabulary(self, probs: torch.Tensor) -> torch.Tensor:
+        """The draft distribution over the whole vocabulary (zero outside a reduced head)."""
+        if self.vocabulary is None:
+            return probs
+        return torch.zeros(self.vocab_size, dtype=probs.dtype, device=probs.device).index_copy_(
+            0, self.vocabulary, probs)
+
+    def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
+        exits = verification.extras[EXITS]
+        if draft is None:
+            self.exits[verification.slots] = exits
+            return
+        path = torch.tensor(acceptance.path, device=exits.device)
+        self.exits[self._root: self._root + len(acceptance.path)] = exits.index_select(0, path)
+        chain_accepted = 0
+        for node, chain_node in zip(acceptance.path[1:], draft.tree.chain_nodes):
+            if node != chain_node:
+                break
+            chain_accepted += 1
+        self.adapter_len = self._root + 1 + min(chain_accepted, self._fed)
+
+    def _catch_up_and_root(self, tokens: list[int], root: int) -> torch.Tensor:
+        """Shallow layers on the root; adapter on every position it has not seen, root last."""
+        device = self.shallow.device
+        root_slot = torch.tensor([root], device=device)
+        (hidden,) = self.shallow.run_all(torch.tensor(tokens[-1:], device=device), root_slot, root_slot,
+                                         causal_chunk_mask(root, 1, device))
+        self.exits[root] = hidden[0, 0]
+        self._chain_exits = [hidden[0, 0]]   # exit states of the root and each chain token fed, in order
+        start = self.adapter_len
+        positions = torch.arange(start, root + 1, device=device)
+        (logits,) = self.adapter.run_all(torch.tensor(tokens[start:], device=device), positions, positions,
+                                         causal_chunk_mask(start, root + 1 - start, device),
+                                         self.exits[start: root + 1][None])
+        return logits[0, -1]
+
+    def _feed_chain_token(self, token: int, position: int, chain_slots: list[int]) -> torch.Tensor:
+        """Shallow layers at the token's tree slot (seeing the prefix and its chain
+        ancestors), then the adapter at its position; returns the next logits."""
+        device = self.shallow.device
+        slot = chain_slots[-1]
+        mask = torch.zeros(1, 1, 1, slot + 1, dtype=torch.bool, device=device)
+        mask[..., :chain_slots[0]] = True
+        mask[..., chain_slots] = True
+        token_t = torch.tensor([token], device=device)
+        slot_t = torch.tensor([slot], device=device)
+        position_t = torch.tensor([position], device=device)
+        (hidden,) = self.shallow.run_all(token_t, position_t, slot_t, mask)
+        self._chain_exits.append(hidden[0, 0])
+        (logits,) = self.adapter.run_all(token_t, position_t, position_t, causal_chunk_mask(position, 1, device),
+                                         hidden)
+        return logits[0, -1]
+
+
+def _draft_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """What the adapter proposes from: the sampling distribution, or softmax for greedy
+    (whose top-1 probability is the confidence the exit threshold reads)."""
+    if sampling.greedy:
+        return torch.softmax(logits.float(), dim=-1)
+    return probabilities(logits, sampling)
+
+
+def build_runtime(context, config: KangarooConfig) -> MethodRuntime:
+    """`shallow` owns the target's KV cache and `deep` shares it; the adapter
+    has a one-layer cache of its own."""
+    shallow = context.model("shallow")
+    deep = context.model("deep", cache=shallow.cache)
+    ids = context.state.get(DRAFT_VOCABULARY_KEY)
+    vocabulary = None if ids is None else torch.tensor(ids, dtype=torch.long, device=shallow.device)
+    return MethodRuntime(ExitVerifier(shallow, deep),
+                         KangarooDrafter(shallow, context.model("adapter"), config, vocabulary))

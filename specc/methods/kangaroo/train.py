@@ -1,0 +1,130 @@
+"""Train Kangaroo's adapter at compile time, on the rewritten graphs themselves.
+
+Teacher: the frozen target as the program runs it, `shallow` then `deep`
+on a window of tokens, giving the exit states and the full model's next-
+token distribution (kept as its top-k, in the draft head's index space).
+The teacher runs once per distinct window and is served from memory after
+that: at 135M parameters it is most of the cost of a step. Student: the
+`adapter` graph on those exit states, with its own KV cache, exactly as it
+drafts. Only the adapter's parameters move; the shared LM head, the draft
+head's rows and every target weight stay frozen.
+
+Before training, the adapter's LM head is cut to the `draft_vocab_size`
+most frequent tokens of the calibration text (`reduce_draft_vocabulary`,
+recorded with the other passes); the chosen ids go to the manifest state.
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from specc.graph.nodes import layer_index
+from specc.methods.descriptor import TrainResult
+from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY
+from specc.passes.attach_adapter_head import AdapterHeadConfig
+from specc.passes.manager import run_passes
+from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
+from specc.program import SpeculativeProgram
+from specc.runtime.masks import causal_chunk_mask
+from specc.train.corpus import token_windows
+from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
+
+ADAPTER_MODULE = AdapterHeadConfig().module_name
+
+
+def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult:
+    """The adapter's weights (and the reduced draft head) by name, and the
+    training report and draft vocabulary as state."""
+    shallow, deep = program.graphs["shallow"].module, program.graphs["deep"].module
+    arch = program.graphs["shallow"].architecture
+    state = {"exit_layer": len({i for i in map(layer_index, shallow.graph.nodes) if i is not None}),
+             "training": None}
+    reduce = 0 < config.draft_vocab_size < arch.vocab_size
+    if not reduce and config.train_steps == 0:
+        return TrainResult(_trained(program.graphs["adapter"].module), state)
+    windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
+                            config.eval_sequences, config.seed)
+    to_student, extra = None, {}
+    if reduce:
+        ids = frequent_tokens(windows.train, arch, config.draft_vocab_size)
+        _reduce_head(program, ids)
+        to_student = torch.full((arch.vocab_size,), -1, dtype=torch.long)
+        to_student[torch.tensor(ids)] = torch.arange(len(ids))
+        head = program.graphs["adapter"].module.get_parameter(f"{DraftVocabularyConfig.module_name}.weight")
+        extra = {f"{DraftVocabularyConfig.module_name}.weight": head.detach().clone()}
+        state[DRAFT_VOCABULARY_KEY] = ids
+    adapter = program.graphs["adapter"].module
+    parameters = adapter_parameters(adapter)
+    for name, p in adapter.named_parameters():
+        if name not in parameters:
+            p.requires_grad_(False)   # the target, its LM head and the draft head are frozen
+    if config.train_steps > 0:
+        dtype = next(iter(parameters.values())).dtype
+        teacher = cache_teacher(_teacher(shallow, deep, arch, dtype, config.teacher_top_k, to_student),
+                                windows.train + windows.heldout, "kangaroo: running the target once per window")
+        report = distill(_student(adapter, arch, dtype), teacher,
+                         list(parameters.values()), windows.train, windows.heldout,
+                         DistillConfig(steps=config.train_steps, learning_rate=config.learning_rate,
+                                       warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
+                                       grad_clip=config.grad_clip, eval_every=config.eval_every,
+                                       seed=config.seed),
+                         description="kangaroo: training adapter")
+        tqdm.write(f"kangaroo: adapter trained on {windows.source}: {report.summary()}")
+        state.update(calibration=windows.source, training=report.to_json())
+    return TrainResult({**_trained(adapter), **extra}, state)
+
+
+def _trained(adapter) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in adapter_parameters(adapter).items()}
+
+
+def frequent_tokens(windows: list[torch.Tensor], arch, size: int) -> list[int]:
+    """`size` token ids: end-of-sequence ids first, then by frequency in `windows`,
+    then (unseen tokens) by id, which for BPE vocabularies roughly follows merge order."""
+    counts = torch.bincount(torch.cat(windows), minlength=arch.vocab_size)[: arch.vocab_size].float()
+    counts[list(arch.eos_token_ids)] = float("inf")
+    order = torch.argsort(-counts, stable=True)
+    return order[:size].tolist()
+
+
+def _reduce_head(program: SpeculativeProgram, ids: list[int]) -> None:
+    graph = program.graphs["adapter"]
+    graph.module, records = run_passes("adapter", graph.module,
+                                       [ReduceDraftVocabulary(DraftVocabularyConfig(tuple(ids)))])
+    program.pass_records += records
+
+
+def adapter_parameters(adapter: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in adapter.named_parameters() if name.startswith(ADAPTER_MODULE + ".")}
+
+
+def _teacher(shallow, deep, arch, dtype, top_k: int, to_student):
+    """tokens → (the target's top-k next-token probabilities in the draft head's
+    index space, (tokens, the exit states [1, T, H]))."""
+    def teach(tokens: torch.Tensor):
+        inputs = _decoding_inputs(tokens)
+        caches = _caches(arch, arch.num_layers, tokens.numel(), dtype)
+        (exits,) = shallow(*inputs, *caches)
+        (logits,) = deep(*inputs, *caches, exits)
+        return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student), (tokens, exits)
+    return teach
+
+
+def _student(adapter, arch, dtype):
+    """(tokens, exit states) → the adapter's logits [T, V], its cache starting empty."""
+    def predict(lesson) -> torch.Tensor:
+        tokens, exits = lesson
+        (logits,) = adapter(*_decoding_inputs(tokens), *_caches(arch, 1, tokens.numel(), dtype), exits)
+        return logits[0]
+    return predict
+
+
+def _decoding_inputs(tokens: torch.Tensor) -> tuple:
+    positions = torch.arange(tokens.numel())
+    return tokens[None], positions[None], causal_chunk_mask(0, tokens.numel()), positions
+
+
+def _caches(arch, layers: int, length: int, dtype) -> list[torch.Tensor]:
+    shape = (1, arch.num_key_value_heads, length + 1, arch.head_dim)
+    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * layers)]

@@ -1,0 +1,100 @@
+"""Method `swift`: training-free self-speculative decoding by skipping sublayers.
+
+SWIFT (Xia et al., 2024) drafts with the target itself, skipping a set of
+attention and MLP sublayers of layers 1..L-2, and optimises that set on the
+fly. Here:
+
+- The target graph gets skip branches (`insert_skip_branches`): it is split
+  into sublayer segments. Verification runs the parent graph (every segment,
+  the exact model); the drafter runs only the non-skipped segments through
+  `SkippingForward`, writing into the *target's* KV cache. Draft rows beyond
+  the committed prefix are overwritten by verification, which writes every
+  tree slot before reading it, and skipped attention writes nothing, so no
+  cache is copied and changing the skip set recompiles nothing.
+- Confidence-aware drafting: draft top-1 tokens until the draft's top-1
+  probability falls below `confidence_threshold` (that low-confidence token
+  is still drafted) or `max_draft_tokens` are drafted.
+- Dynamic verification tree: at each depth the draft's top-k candidates,
+  with k chosen by the depth's top-1 probability band; one target forward
+  verifies the caterpillar tree. Greedy acceptance follows the target's
+  argmax; sampling treats the deterministic candidates as point masses
+  (exact rejection per sibling, see `runtime.acceptance`), so both are
+  lossless.
+- Layer-set optimisation (`search`): once a prompt has `context_window`
+  + 1 generated tokens, each round first scores one candidate skip set by
+  matchness on that window; state carries across prompts. `specc compile`
+  can run it ahead of time on calibration prompts and store the found set
+  in the engine manifest (`method_state`); at run time it keeps adapting
+  unless `adapt=false`.
+"""
+
+from __future__ import annotations
+
+from specc.lower.backend import RUN_TIME_SEGMENTS
+from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.methods.infrastructure import infrastructure_passes
+from specc.methods.swift.config import SKIP_SET_KEY, SwiftConfig
+from specc.methods.swift.drafter import SwiftDrafter, build_drafter
+from specc.methods.swift.search import describe_skip_set, odd_layers
+from specc.methods.swift.segments import SkippingForward
+from specc.passes.insert_skip_branches import InsertSkipBranches, skip_branches
+from specc.runtime.drafter import MethodRuntime
+
+__all__ = ["METHOD", "SKIP_SET_KEY", "SwiftConfig", "SwiftDrafter", "build_drafter"]
+
+
+def _build_runtime(context, config: SwiftConfig) -> MethodRuntime:
+    target = context.model("target")
+    lower = context.lower_segment if config.compile_segments else _run_eager
+    forward = SkippingForward(context.modules["target"], lower)
+    stored = context.state.get(SKIP_SET_KEY)
+    drafter = build_drafter(target, forward, config, frozenset(stored) if stored is not None else None)
+    if config.compile_segments and context.compiles_lazily:
+        drafter.warm_up()
+    return MethodRuntime(target, drafter)
+
+
+def _run_eager(segment):
+    return segment
+
+
+def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
+    return {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
+
+
+def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
+    """The skip set the engine starts from, for the manifest's `method_state`:
+    the result of SWIFT's search on calibration prompts, or the odd-layer
+    initial set with `calib_prompts=0`. No weights are added."""
+    graph = program.graphs["target"]
+    if config.calib_prompts == 0:
+        skip, calibration = odd_layers(tuple(skip_branches(graph.module))), "none (calib_prompts=0)"
+    else:
+        from specc.methods.swift.calibration import calibrate
+
+        search = calibrate(graph, config, tokenizer)
+        skip, calibration = search.best, {**search.state.to_json(), "skippable": len(search.sublayers)}
+    return TrainResult(state={SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
+                              "swift_calibration": calibration})
+
+
+METHOD = MethodDescriptor(
+    name="swift",
+    summary="SWIFT: self-speculative decoding that skips target sublayers, chosen on the fly "
+            "(confidence-aware drafting, dynamic verification tree)",
+    config_class=SwiftConfig,
+    graphs=_graphs,
+    build_runtime=_build_runtime,
+    requires=frozenset({RUN_TIME_SEGMENTS}),
+    train=_compile_state,
+    validate=lambda config, model_config: _validate(config, model_config),
+)
+
+
+def _validate(config: SwiftConfig, model_config) -> None:
+    """Before any work: the calibration prompts must exist when calibration runs."""
+    from specc.methods.validation import check_data_file
+
+    if config.calib_prompts:
+        check_data_file(config.calib_data)
+

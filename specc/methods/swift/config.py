@@ -1,0 +1,81 @@
+"""SWIFT's configuration: search, drafting and tree settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specc.errors import UsageError
+from specc.methods.config import MethodConfig, option
+from specc.methods.swift.search import SearchSettings
+
+SKIP_SET_KEY = "swift_skip_set"
+
+
+@dataclass(frozen=True)
+class SwiftConfig(MethodConfig):
+    skip_ratio: float = option(0.45, "share of the 2(L-2) skippable sublayers a candidate skips (paper: 0.45; "
+                                     "0.5 for 34B/70B models)")
+    context_window: int = option(32, "gamma: generated tokens the matchness of a candidate is scored on")
+    bayes_interval: int = option(25, "beta: every beta-th candidate comes from Bayesian optimisation "
+                                     "(scikit-optimize GP), the others are random")
+    bayes_kappa: float = option(2.5, "exploration weight of the GP's upper confidence bound")
+    max_score: float = option(0.95, "stop searching once a skip set's matchness exceeds this")
+    max_tolerance: int = option(300, "stop searching after this many candidates without improvement")
+    max_tries: int = option(1000, "stop searching after this many candidates in all")
+    max_tries_per_prompt: int = option(100, "at most this many matchness evaluations per prompt (specc's bound "
+                                            "on search overhead; the paper has none)")
+    adapt: bool = option(True, "keep optimising the skip set at run time; false drafts with the stored set")
+    search_seed: int = option(0, "seed of the random candidates and the GP")
+    confidence_threshold: float = option(0.8, "epsilon: stop drafting after a token whose top-1 probability "
+                                              "is below this")
+    max_draft_tokens: int = option(25, "most draft steps (tree depth) per round")
+    tree_band_percent: tuple[int, ...] = option((95, 80, 50), "top-1 probability band edges in percent, "
+                                                              "descending; depth fan width is chosen by band")
+    tree_widths: tuple[int, ...] = option((1, 3, 5, 10), "candidates per depth for each band, above the first "
+                                                         "edge first (paper: 1,3,5,10; the reference code uses "
+                                                         "3,5,8,10 for greedy)")
+    compile_segments: bool = option(False, "lower the drafter's sublayer segments with the engine backend's "
+                                            "segment compiler (verification always uses the engine's "
+                                            "backend); false runs them eager (on the 2-core CPU, 8-layer "
+                                            "`small-qwen2` model a draft step took 6.3 ms with Inductor "
+                                            "segments and 4.3 ms eager: per-call overhead outweighs fusion "
+                                            "at this size)")
+    calib_prompts: int = option(8, "compile: optimise the skip set on this many calibration prompts first "
+                                   "(0: the engine starts from the odd-layer set)")
+    calib_data: str | None = option(None, "compile: calibration prompts, a JSONL or text file (default: "
+                                          "built-in stdlib code prompts)")
+    calib_max_new_tokens: int = option(64, "compile: tokens generated per calibration prompt")
+
+    def __post_init__(self):
+        _check_range("skip_ratio", self.skip_ratio, 0.0, 1.0)
+        _check_range("max_score", self.max_score, 0.0, 1.0)
+        _check_range("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        for name in ("context_window", "bayes_interval", "max_tolerance", "max_tries", "max_draft_tokens"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("max_tries_per_prompt", "calib_prompts", "calib_max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name}={getattr(self, name)} must be 0 or more")
+        bands = self.tree_band_percent
+        if list(bands) != sorted(bands, reverse=True) or not all(0 <= b <= 100 for b in bands):
+            raise UsageError(f"tree_band_percent={','.join(map(str, bands))} must be descending percentages")
+        if len(self.tree_widths) != len(bands) + 1 or min(self.tree_widths) < 1:
+            raise UsageError(f"tree_widths={','.join(map(str, self.tree_widths))} needs {len(bands) + 1} widths "
+                             f">= 1, one per band of tree_band_percent")
+
+    def search_settings(self) -> SearchSettings:
+        return SearchSettings(skip_ratio=self.skip_ratio, bayes_interval=self.bayes_interval, kappa=self.bayes_kappa,
+                              max_score=self.max_score, max_tolerance=self.max_tolerance, max_tries=self.max_tries,
+                              seed=self.search_seed)
+
+    def fan_width(self, confidence: float) -> int:
+        """Candidates at a depth whose top-1 probability is `confidence`."""
+        band = next((i for i, edge in enumerate(self.tree_band_percent) if confidence > edge / 100), None)
+        return self.tree_widths[len(self.tree_band_percent) if band is None else band]
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise UsageError(f"{name}={value} must be between {low} and {high}")
+
+

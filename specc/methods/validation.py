@@ -1,0 +1,21 @@
+"""Checks a method's `validate` runs before any work: paths named by config fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specc.errors import UsageError
+
+PROMPT_SET_NAMES = ("code", "text", "spec_bench", "gsm8k")
+
+
+def check_data_file(value: str | None, field: str = "calib_data") -> None:
+    """`value` (a --set FIELD=VALUE) must be a prompt-set name or an existing file."""
+    if value is None or value in PROMPT_SET_NAMES:
+        return
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"--set {field}={value} is a directory; pass a JSONL or text file")
+    if not path.is_file():
+        raise UsageError(f"--set {field}={value}: no such file; pass a JSONL or text file, or a prompt set "
+                         f"name ({', '.join(PROMPT_SET_NAMES)})")

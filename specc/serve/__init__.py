@@ -1,0 +1,1 @@
+"""`specc serve`: an OpenAI-compatible HTTP server over one engine (needs the `serve` extra)."""

@@ -1,0 +1,223 @@
+"""Issue 14 "everyday use": thread policy, messages, help, streaming, stop strings,
+prompts from files/stdin, several prompts, the chat REPL."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specc import threads
+from specc.cli.main import build_parser, main
+from specc.testing import build_tiny_checkpoint, tiny_tokenizer
+
+TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
+            "{% if add_generation_prompt %}w12{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("everyday")
+    checkpoint = build_tiny_checkpoint("llama", root / "model")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(checkpoint)
+    assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / "engine"),
+                 "--max-seq-len", "64"]) == 0
+    return root, checkpoint, root / "engine"
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- threads ------------------------------------------------------------------
+
+def test_threads_is_accepted_after_the_verb_and_before_it(workspace, capsys):
+    _, _, engine = workspace
+    for args in (["run", engine, "--threads", "1"], ["--threads", "1", "run", engine]):
+        code, out, err = run_cli(capsys, *args, "--prompt", "w5 w6", "--max-new-tokens", "3", "--json")
+        assert code == 0, err
+    assert build_parser().parse_args(["--threads", "3", "run", "e", "--prompt", "x"]).threads == 3
+    assert build_parser().parse_args(["run", "e", "--threads", "2", "--prompt", "x"]).threads == 2
+    assert build_parser().parse_args(["run", "e", "--prompt", "x"]).threads is None
+    code, _, err = run_cli(capsys, "run", engine, "--prompt", "w5", "--threads", "0")
+    assert code == 2 and "--threads 0 must be at least 1" in err
+
+
+def test_thread_policy_honours_the_environment_then_idle_cores(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("SPECC_THREADS", raising=False)
+    assert threads.default_threads()[0] == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    monkeypatch.setattr(threads, "available_cpus", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    assert threads.default_threads()[0] == 2, "idle 2-core machine: both cores"
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert threads.default_threads()[0] == 1, "one other job: one thread, not an oversubscribed two"
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 0.0, 0.0))
+    assert threads.default_threads()[0] == 1
+    monkeypatch.setattr(threads, "physical_cores", lambda: 64)
+    monkeypatch.setattr(threads, "available_cpus", lambda: 64)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert threads.default_threads()[0] == threads.MAX_DEFAULT_THREADS
+
+
+def test_refmodels_build_takes_threads_and_the_cache_key_includes_them():
+    from specc.refmodels import __main__ as refmodels_cli
+    from specc.refmodels import cache_key, get_spec
+    from specc.refmodels.corpus import CorpusSelection
+
+    args = refmodels_cli._parser().parse_args(["build", "tiny", "--threads", "2"])
+    assert args.threads == 2
+    selection = CorpusSelection.__new__(CorpusSelection)
+    object.__setattr__(selection, "fingerprint", lambda: "corpus")
+    spec = get_spec("tiny")
+    assert cache_key(spec, selection, 1) != cache_key(spec, selection, 2)
+
+
+# --- messages -----------------------------------------------------------------
+
+def test_bad_method_settings_fail_before_any_work(workspace, capsys, monkeypatch):
+    import specc.compiler
+
+    root, checkpoint, _ = workspace
+    monkeypatch.setattr(specc.compiler, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
+    for args, message in [
+        (["--method", "kangaroo", "--set", "exit_layer=99"], "--set exit_layer=99 must be below the model's 3 layers"),
+        (["--method", "swift", "--set", "calib_data=/nonexistent.txt"], "--set calib_data=/nonexistent.txt: no such file"),
+        (["--method", "kangaroo", "--set", "calib_data=/nonexistent.txt"], "--set calib_data=/nonexistent.txt"),
+    ]:
+        code, _, err = run_cli(capsys, "compile", checkpoint, *args, "-o", root / "x")
+        assert code == 2 and message in err and "--prompts" not in err, err
+        assert not (root / "x").exists()
+
+
+def test_missing_text_corpus_is_an_info_notice_not_a_warning(tmp_path, caplog):
+    from specc.refmodels import corpus
+
+    with caplog.at_level(logging.INFO, logger="specc.refmodels.corpus"):
+        corpus._text_source_files(tmp_path)
+    notices = [r for r in caplog.records if "text corpus" in r.getMessage()]
+    assert notices and all(r.levelno == logging.INFO for r in notices)
+
+
+def test_compile_output_has_only_stage_lines(workspace, tmp_path):
+    """HF's loading bar and advisory warnings must not break the stage lines (subprocess: real stderr)."""
+    _, checkpoint, _ = workspace
+    result = subprocess.run([sys.executable, "-m", "specc.cli.main", "compile", str(checkpoint), "--method", "none",
+                             "-o", str(tmp_path / "e"), "--max-seq-len", "32"], capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("compiling ") and all(line.startswith("  ") for line in lines[1:]), result.stderr
+    assert all(line.rstrip().endswith("s") for line in lines[1:]), result.stderr
+    assert "Loading weights" not in result.stderr and "\r" not in result.stderr
+
+
+# --- help and version ---------------------------------------------------------
+
+@pytest.mark.parametrize("verb", ["compile", "run", "chat", "serve", "inspect", "methods", "bench"])
+def test_every_verb_has_full_help_with_examples(verb, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([verb, "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())    # argparse wraps lines
+    assert "examples:" in out and "--threads" in out
+    if verb == "run":
+        for text in ("engine directory written by", "--prompt TEXT", "--max-new-tokens N", "(default: 64)",
+                     "--top-p P", "(default: 1.0)", "--seed S", "--stop STRING", "--prompt-file"):
+            assert text in out, text
+
+
+def test_version(capsys):
+    from specc import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"specc {__version__}"
+
+
+# --- generation ---------------------------------------------------------------
+
+def _json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_streamed_output_equals_the_unstreamed_one(workspace, capsys):
+    _, _, engine = workspace
+    args = ["run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "12"]
+    code, streamed, _ = run_cli(capsys, *args)
+    assert code == 0
+    code, whole, _ = run_cli(capsys, *args, "--no-stream")
+    assert code == 0 and streamed == whole and streamed.startswith("w5 w6 w7")
+
+
+def test_streaming_writes_as_rounds_are_accepted(workspace, monkeypatch):
+    from specc.cli import generation
+
+    _, _, engine = workspace
+    pieces = []
+    monkeypatch.setattr(generation, "_write", pieces.append)
+    assert main(["run", str(engine), "--prompt", "w5 w6", "--max-new-tokens", "8"]) == 0
+    assert pieces[0] == "w5 w6" and len(pieces) >= 1 + 8 - 1, pieces   # the prompt, then piece by piece
+
+
+def test_stop_strings_end_generation_early(workspace, capsys):
+    _, _, engine = workspace
+    code, out, _ = run_cli(capsys, "run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "20", "--json")
+    full = _json_lines(out)[0]
+    words = full["text"].split()
+    assert len(words) >= 6
+    stop = " " + words[3]
+    code, out, _ = run_cli(capsys, "run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "20", "--json",
+                           "--stop", stop)
+    cut = _json_lines(out)[0]
+    assert code == 0 and cut["finish_reason"] == "stop"
+    assert cut["text"] == full["text"][: full["text"].index(stop)]
+    assert cut["stats"]["target_forward_passes"] < full["stats"]["target_forward_passes"], "generation stopped"
+
+
+def test_prompts_from_files_stdin_and_several_per_run(workspace, capsys, monkeypatch, tmp_path):
+    _, _, engine = workspace
+    (tmp_path / "p.txt").write_text("w9 w10")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("w7 w8"))
+    code, out, err = run_cli(capsys, "run", engine, "--prompt", "w5 w6", "--prompt", "-", "--prompt-file",
+                             tmp_path / "p.txt", "--max-new-tokens", "4", "--json")
+    assert code == 0, err
+    results = _json_lines(out)
+    assert len(results) == 3
+    singles = []
+    for prompt in ("w5 w6", "w7 w8", "w9 w10"):
+        code, single, _ = run_cli(capsys, "run", engine, "--prompt", prompt, "--max-new-tokens", "4", "--json")
+        singles.append(_json_lines(single)[0]["token_ids"])
+    assert [r["token_ids"] for r in results] == singles
+    code, _, err = run_cli(capsys, "run", engine, "--prompt-file", tmp_path / "missing.txt")
+    assert code == 2 and "--prompt-file" in err and "does not exist" in err
+    code, _, err = run_cli(capsys, "run", engine)
+    assert code == 2 and "no prompt" in err
+
+
+def test_chat_repl_keeps_the_conversation(workspace, monkeypatch, capsys):
+    import specc.chat
+    from specc.cli import generation
+
+    _, _, engine = workspace
+    seen = []
+    encode = specc.chat.conversation_ids
+    monkeypatch.setattr(specc.chat, "conversation_ids", lambda tok, messages: seen.append(messages) or encode(tok, messages))
+    args = build_parser().parse_args(["chat", str(engine), "--max-new-tokens", "4", "--no-stream"])
+    assert generation.chat(args, stdin=io.StringIO("w5 w6\n/reset\nw7\nw8\n")) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.strip()]) == 3
+    assert [m["content"] for m in seen[0]] == ["w5 w6"]
+    assert [m["content"] for m in seen[1]] == ["w7"], "/reset starts a new conversation"
+    assert [m["role"] for m in seen[2]] == ["user", "assistant", "user"] and seen[2][0]["content"] == "w7"
