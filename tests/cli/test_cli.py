@@ -33,7 +33,7 @@ def test_run_json_reports_text_ids_and_stats(workspace, capsys):
                              "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"text", "token_ids", "stats"}
+    assert set(data) == {"text", "token_ids", "finish_reason", "stats"}
     assert 1 <= len(data["token_ids"]) <= 6
     for key in ("mean_accepted_length", "acceptance_rate", "target_forward_passes", "drafted_tokens",
                 "new_tokens", "tokens_per_second", "wall_seconds"):

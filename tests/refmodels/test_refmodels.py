@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,7 @@ def test_a_zero_cap_leaves_a_corpus_out():
 
 def test_missing_shared_data_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SPECC_SHARED_DATA", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="specc.refmodels.corpus")   # an info notice (shown with --verbose)
 
     selection = select_corpus(
         code_bytes=50_000, text_bytes=50_000, tokenizer_code_bytes=10_000, tokenizer_text_bytes=10_000
