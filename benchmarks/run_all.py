@@ -33,7 +33,9 @@ SUITE_SCHEMA = "specc-bench-suite/1"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-spec", default="small", help="reference model spec (default small)")
+    parser.add_argument("--model-spec", default="small",
+                        help="reference model spec, or a fetchable pretrained model such as smollm2-135m "
+                             "(default small)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 4 prompts, 32 new tokens")
     parser.add_argument("--prompts", default="code", help="prompt set or file, as for `specc bench`")
     parser.add_argument("--num-prompts", type=int, default=None, help="default 16 (4 with --quick)")
@@ -82,10 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_suite(args: argparse.Namespace) -> int:
     from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
-    from specc.refmodels import build_reference_model
 
-    target = build_reference_model(args.model_spec)
-    draft = build_reference_model(DRAFT_SPEC)
+    target, draft = source_models(args.model_spec)
     engines = ENGINES / variant_name(args.model_spec, args.backend, args.tag)
     max_seq_len = _max_seq_len(target)
     methods = selected_methods(args.methods)
@@ -101,7 +101,8 @@ def run_suite(args: argparse.Namespace) -> int:
         results[method.name] = run_method(method, target, draft, baseline, engines, max_seq_len, args)
     suite = {
         "schema": SUITE_SCHEMA, "created_unix": int(time.time()), "device": device_label(DEVICE_USED),
-        "model_spec": args.model_spec, "model_checkpoint": str(target), "draft_spec": DRAFT_SPEC,
+        "model_spec": args.model_spec, "model_checkpoint": str(target),
+        "draft_spec": DRAFT_SPEC if draft is not None else None,
         "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
                      "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
@@ -121,6 +122,17 @@ def run_suite(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] == "failed" for r in results.values()) else 0
 
 
+def source_models(model_spec: str) -> tuple[Path, Path | None]:
+    """(target checkpoint, draft checkpoint or None). A fetchable pretrained model has
+    no draft: no smaller model shares its tokenizer here."""
+    from specc.refmodels import build_reference_model
+    from specc.refmodels.fetch import FETCHABLE_MODELS, fetch_model
+
+    if model_spec in FETCHABLE_MODELS:
+        return fetch_model(model_spec), None
+    return build_reference_model(model_spec), build_reference_model(DRAFT_SPEC)
+
+
 def variant_name(model_spec: str, backend: str, tag: str | None) -> str:
     """<model>[-<backend>][-<tag>], eager left implicit: names both the results and the engines."""
     return "-".join(filter(None, [model_spec, None if backend == "eager" else backend, tag]))
@@ -134,8 +146,9 @@ def results_stem(suite: dict) -> str:
 def readme_section(results_dir: Path) -> str:
     """Every committed suite's table, by device, then model size (smallest first), then backend."""
     from specc.refmodels import REFERENCE_MODELS
+    from specc.refmodels.fetch import FETCHABLE_MODELS
 
-    order = list(REFERENCE_MODELS)
+    order = [*FETCHABLE_MODELS, *REFERENCE_MODELS]   # the pretrained models users judge specc on lead
     suites = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     suites = [s for s in suites if s.get("schema") == SUITE_SCHEMA]
     suites.sort(key=lambda s: (s["device"], order.index(s["model_spec"]) if s["model_spec"] in order else len(order),
@@ -158,6 +171,9 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     from specc.bench.report import format_report, identity_banner
 
     note = None
+    if method.extra_sources and draft is None:
+        return {"status": "skipped", "note": "no draft model: no smaller checkpoint shares this model's tokenizer "
+                                             "on this machine (none is fetchable, and none was distilled)"}
     if method.extra_sources:
         mismatch = vocabulary_mismatch(target, draft)
         if mismatch:
@@ -222,7 +238,7 @@ def markdown_table(suite: dict) -> str:
         f"{m}: {', '.join(fields)}" for m, fields in changed.items()) + ")"
     lines = [
         f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}{variant}.** "
-        f"Device `{suite['device']}`, reference model `{suite['model_spec']}`, backend {settings['backend']}; "
+        f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
         f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"

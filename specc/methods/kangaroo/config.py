@@ -33,8 +33,9 @@ class KangarooConfig(MethodConfig):
     draft_vocab_size: int = option(8192, "rows of the adapter's LM head: the most frequent tokens of the "
                                          "calibration text (verification keeps the full head, so output is "
                                          "unchanged); 0, or at least the vocabulary size, keeps the full head")
-    learning_rate: float = option(1e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
-                                        "for far longer runs")
+    learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
+                                        "for far longer runs. On SmolLM2-135M (exit layer 2, 1200 steps) 3e-3 "
+                                        "reached 0.29 held-out top-1 agreement, 1e-3 0.26")
     warmup_steps: int = option(30, "linear learning-rate warm-up steps, then cosine decay to zero")
     weight_decay: float = option(0.0, "AdamW weight decay")
     grad_clip: float = option(1.0, "clip the adapter's gradient norm to this")
