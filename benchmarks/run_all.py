@@ -231,6 +231,15 @@ def _max_seq_len(checkpoint: Path) -> int:
     return min(1024, AutoConfig.from_pretrained(checkpoint).max_position_embeddings)
 
 
+def _workload_flags(settings: dict) -> str:
+    """The prompt flags that differ from the defaults, so the command reproduces the run."""
+    if settings.get("quick"):
+        return ""
+    defaults = {"prompts": "code", "num_prompts": 16, "max_new_tokens": 64, "repeats": 3}
+    return "".join(f" --{key.replace('_', '-')} {settings[key]}" for key, default in defaults.items()
+                   if settings.get(key, default) != default)
+
+
 def markdown_table(suite: dict) -> str:
     settings = suite["settings"]
     tag, changed = settings.get("tag"), settings.get("method_settings") or {}
@@ -245,7 +254,7 @@ def markdown_table(suite: dict) -> str:
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
         + (f" --methods {settings['methods']}" if settings.get("methods") else "")
         + "".join(f" --set {m}:{field}" for m, fields in changed.items() for field in fields)
-        + (f" --tag {tag}" if tag else "") +
+        + (f" --tag {tag}" if tag else "") + _workload_flags(settings) +
         f"{' --quick' if settings['quick'] else ''}`).",
         "",
         "| method | lossless | tok/s | × HF greedy | × specc none | × HF prompt lookup | × HF assisted "

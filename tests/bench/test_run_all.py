@@ -79,7 +79,7 @@ def test_readme_section_orders_every_committed_suite(run_all, tmp_path):
     section = run_all.readme_section(tmp_path)
     headers = [line.split(".**")[0] for line in section.splitlines() if line.startswith("**")]
     assert headers == ["**tiny, eager, cpu-test", "**small, eager, cpu-test", "**small, inductor, cpu-test"]
-    assert "--model-spec small --backend inductor`" in section
+    assert "--model-spec small --backend inductor --num-prompts 4 --max-new-tokens 32`" in section
     assert sorted(p.name for p in tmp_path.glob("*.json"))[:3] == ["cpu-test-small-inductor.json",
                                                                    "cpu-test-small.json", "cpu-test-tiny.json"]
 
@@ -99,7 +99,8 @@ def test_a_tuned_variant_is_named_and_reproducible(run_all):
     table = run_all.markdown_table(suite)
     assert "variant `narrow` (swift: tree_widths=1,2,3,4, adapt=false)" in table
     assert ("`python benchmarks/run_all.py --model-spec tiny --methods swift --set swift:tree_widths=1,2,3,4 "
-            "--set swift:adapt=false --tag narrow`") in table
+            "--set swift:adapt=false --tag narrow --num-prompts 4 --max-new-tokens 32`") in table, \
+        "the command must reproduce the run, non-default prompt settings included"
 
 
 def test_draft_vocabulary_check(run_all, tmp_path):
