@@ -69,6 +69,7 @@ class Engine:
                top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
         """The generated text piece by piece, as each round's tokens are accepted."""
         from specc.runtime.generate import stream
+        from specc.textgen import TextDelta
 
         engine = self.loaded
         rounds = stream(engine.target, engine.drafter, self._ids(prompt), max_new_tokens,
@@ -81,24 +82,6 @@ class Engine:
 
     def _ids(self, prompt: str | list[int]) -> list[int]:
         return list(prompt) if isinstance(prompt, (list, tuple)) else self.loaded.encode(prompt)
-
-
-class TextDelta:
-    """Turns token ids arriving in pieces into text pieces: decodes everything so
-    far and returns what is new, holding back an unfinished multi-byte character."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.sent = ""
-
-    def add(self, ids: list[int]) -> str:
-        self.ids += ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.sent = text[len(self.sent):], text
-        return piece
 
 
 def _sampling(temperature: float, top_p: float, seed: int | None):

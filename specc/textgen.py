@@ -1,7 +1,7 @@
 """Text generation with streaming and stop strings, shared by `specc run`, `specc chat` and `specc serve`.
 
 It consumes the speculative loop's round generator (`runtime.generate.stream`):
-each round's accepted ids become a text piece (`api.TextDelta`); a stop
+each round's accepted ids become a text piece (`TextDelta`); a stop
 string ends generation at the round where it appears (the loop is told to
 stop through ``send(True)``, so no further round runs) and the text is cut
 before it. While streaming, text that could be the start of a stop string
@@ -29,7 +29,6 @@ def generate_text(engine, prompt_ids: list[int], max_new_tokens: int, sampling, 
                   should_abort: Callable[[], bool] | None = None) -> TextGeneration:
     """Generate after `prompt_ids` with a `LoadedEngine`; `on_text(piece)` streams the text.
     `should_abort()` is asked after every round (e.g. a client that went away)."""
-    from specc.api import TextDelta
     from specc.runtime.generate import stream
 
     stops = [s for s in stop if s]
@@ -56,6 +55,24 @@ def generate_text(engine, prompt_ids: list[int], max_new_tokens: int, sampling, 
     eos = set(engine.target.architecture.eos_token_ids)
     ended = stopped or (result.token_ids and result.token_ids[-1] in eos)
     return TextGeneration(text, result.token_ids, result.stats, "stop" if ended else "length")
+
+
+class TextDelta:
+    """Turns token ids arriving in pieces into text pieces: decodes everything so
+    far and returns what is new, holding back an unfinished multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, ids: list[int]) -> str:
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
 
 
 def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:

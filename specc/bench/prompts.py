@@ -34,6 +34,7 @@ TEXT_PROMPT_CHARS = 512
 SHARED_DATA_ENV = "SPECC_SHARED_DATA"
 _SHARED_FILES = {"spec_bench": ("spec_bench", "question.jsonl"), "gsm8k": ("gsm8k", "test.jsonl")}
 _TEXT_FIELDS = ("prompt", "text", "turns")
+PROMPT_SET_NAMES = ("code", "text", *_SHARED_FILES)   # everything else must be a file
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
     elif Path(spec).is_file():
         prompt_set = _file_set(Path(spec))
     else:
-        raise UsageError(f"--prompts {spec!r} is neither a prompt set ({', '.join(['code', 'text', *_SHARED_FILES])}) "
+        raise UsageError(f"--prompts {spec!r} is neither a prompt set ({', '.join(PROMPT_SET_NAMES)}) "
                          f"nor an existing file")
     if not prompt_set.prompts:
         raise UsageError(f"prompt set {spec!r} ({prompt_set.source}) holds no prompts")

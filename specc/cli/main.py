@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specc", formatter_class=_HelpFormatter,
         description="Compile a Hugging Face causal LM into a speculative inference engine, and run it.",
         epilog="examples:\n"
-               "  specc compile ./my-model --method swift -o engines/m\n"
+               "  specc compile ./my-model --method METHOD -o engines/m   (methods: specc methods)\n"
                "  specc run engines/m --prompt 'def quicksort(xs):'\n"
                "  specc chat engines/m\n"
                "  specc serve engines/m --port 8000\n"
@@ -67,9 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_compile(verbs):
     p = _verb(verbs, "compile", "compile a checkpoint into an engine directory",
               "  specc compile ./my-model --method none -o engines/plain\n"
-              "  specc compile ./my-model --method swift --set confidence_threshold=0.6 -o engines/swift\n"
-              "  specc compile ./my-model --method draft-model --set draft_model=./small -o engines/dm\n"
-              "  specc compile model.gguf --method kangaroo --backend aoti -o engines/k --force\n")
+              "  specc compile ./my-model --method METHOD --set KEY=VALUE -o engines/m   (fields: specc methods)\n"
+              "  specc compile model.gguf --method METHOD --backend aoti -o engines/m --force\n")
     p.add_argument("model", help="Hugging Face checkpoint directory, a .gguf file, or a hub id already in the "
                                  "local cache")
     p.add_argument("--method", required=True, help="speculative method (see `specc methods`)")
@@ -161,7 +160,7 @@ def _add_serve(verbs):
 
 def _add_methods(verbs):
     return _verb(verbs, "methods", "list methods and their config fields with defaults",
-                 "  specc methods\n  specc compile MODEL --method swift --set skip_ratio=0.5 -o engines/s\n")
+                 "  specc methods\n  specc compile MODEL --method METHOD --set KEY=VALUE -o engines/m\n")
 
 
 def _add_inspect(verbs):

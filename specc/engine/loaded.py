@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable
-
 import torch
 from safetensors.torch import load_file
 
@@ -16,13 +14,14 @@ from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
 from specc.graph.serialize import graph_from_json
-from specc.graph.signature import GraphSignature, example_inputs, static_sizes
+from specc.graph.signature import GraphSignature, static_sizes
 from specc.lower.backend import Backend, LoweringTarget
 from specc.lower.registry import get_backend
 from specc.methods.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate
 from specc.runtime.sampling import SamplingConfig
+from specc.runtime.warm_up import warm_up
 
 
 class LoadedEngine:
@@ -82,26 +81,6 @@ class LoadedEngine:
         if not prompt:
             raise UsageError("the prompt is empty; pass some text with --prompt")
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-
-
-def warm_up(forward: Callable, target: LoweringTarget) -> None:
-    """Trigger a lazily compiling backend's compilations once, for a chunk and
-    for a single token, on throw-away inputs built from the graph's signature.
-
-    The lengths avoid every static size of the graph, and q != kv: a
-    compiler that ties equal dimensions together on the first call (duck
-    sizing) would otherwise specialize and recompile at the first real call."""
-    taken = set(target.sizes.values())
-    chunk = _untaken(taken, 7)
-    chunk_kv = _untaken(taken | {chunk}, chunk + 6)
-    step_kv = _untaken(taken | {chunk, chunk_kv}, chunk_kv + 5)
-    with torch.inference_mode():
-        for q, kv in ((chunk, chunk_kv), (1, step_kv)):
-            forward(*example_inputs(target.signature, target.sizes, target.dtype, q=q, kv=kv))
-
-
-def _untaken(taken: set[int], at_least: int) -> int:
-    return next(n for n in range(at_least, at_least + len(taken) + 2) if n not in taken)
 
 
 def load_engine(path: str | Path, backend: str | None = None) -> LoadedEngine:

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
+from specc.graph.nodes import output_node
 
 INPUT_META = "specc_io"
 OUTPUTS_META = "specc_outputs"
@@ -83,11 +84,9 @@ def declare_input(node: fx.Node, role: str, dtype: str, shape: tuple[Dim, ...]) 
 
 def declare_outputs(graph: fx.Graph, specs: list[TensorSpec]) -> None:
     """Record what each output of the graph is, in order."""
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    values = output.args[0]
-    count = len(values) if isinstance(values, (tuple, list)) else 1
-    if count != len(specs):
-        raise SpeccError(f"the graph has {count} outputs but {len(specs)} were declared")
+    output = output_node(graph)
+    if _output_count(output) != len(specs):
+        raise SpeccError(f"the graph has {_output_count(output)} outputs but {len(specs)} were declared")
     output.meta[OUTPUTS_META] = [spec.to_json() for spec in specs]
 
 
@@ -101,28 +100,35 @@ def read_signature(gm: fx.GraphModule) -> GraphSignature:
             raise SpeccError(f"graph input {node.target!r} was added without a declaration "
                              f"(a pass must call specc.graph.signature.declare_input)")
         inputs.append(TensorSpec.from_json(node.meta[INPUT_META]))
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    output = output_node(gm.graph)
     if OUTPUTS_META not in output.meta:
         raise SpeccError("the graph's outputs were never declared (specc.graph.signature.declare_outputs)")
     return GraphSignature(tuple(inputs), tuple(map(TensorSpec.from_json, output.meta[OUTPUTS_META])))
 
 
-def keep_declarations(before: fx.Graph | None, gm: fx.GraphModule) -> None:
+def declarations(gm: fx.GraphModule) -> tuple[dict[str, dict], list | None]:
+    """The graph's input declarations by name and its output declarations, taken
+    before a pass that may rebuild the graph."""
+    inputs = {str(n.target): n.meta[INPUT_META] for n in gm.graph.nodes
+              if n.op == "placeholder" and INPUT_META in n.meta}
+    return inputs, output_node(gm.graph).meta.get(OUTPUTS_META)
+
+
+def keep_declarations(declared: tuple[dict[str, dict], list | None], gm: fx.GraphModule) -> None:
     """Re-attach declarations a rewrite dropped (e.g. a pass that rebuilt the
     graph around segments): inputs by name, outputs when their count is kept."""
-    if before is None:
-        return
-    declared = {str(n.target): n.meta[INPUT_META] for n in before.nodes
-                if n.op == "placeholder" and INPUT_META in n.meta}
+    inputs, outputs = declared
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and INPUT_META not in node.meta and str(node.target) in declared:
-            node.meta[INPUT_META] = declared[str(node.target)]
-    old_output = next(n for n in reversed(before.nodes) if n.op == "output")
-    new_output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    if OUTPUTS_META not in new_output.meta and OUTPUTS_META in old_output.meta:
-        values = new_output.args[0]
-        if (len(values) if isinstance(values, (tuple, list)) else 1) == len(old_output.meta[OUTPUTS_META]):
-            new_output.meta[OUTPUTS_META] = old_output.meta[OUTPUTS_META]
+        if node.op == "placeholder" and INPUT_META not in node.meta and str(node.target) in inputs:
+            node.meta[INPUT_META] = inputs[str(node.target)]
+    output = output_node(gm.graph)
+    if OUTPUTS_META not in output.meta and outputs is not None and _output_count(output) == len(outputs):
+        output.meta[OUTPUTS_META] = outputs
+
+
+def _output_count(output: fx.Node) -> int:
+    values = output.args[0]
+    return len(values) if isinstance(values, (tuple, list)) else 1
 
 
 def static_sizes(architecture, max_seq_len: int) -> dict[str, int]:

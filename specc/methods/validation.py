@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specc.bench.prompts import PROMPT_SET_NAMES
 from specc.errors import UsageError
-
-PROMPT_SET_NAMES = ("code", "text", "spec_bench", "gsm8k")
 
 
 def check_data_file(value: str | None, field: str = "calib_data") -> None:

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-import copy
-
 from specc.errors import SpeccError
-from specc.graph.signature import keep_declarations, read_signature
+from specc.graph.signature import declarations, keep_declarations, read_signature
 from specc.passes.base import GraphPass
 
 
@@ -43,7 +41,7 @@ def run_passes(graph_name: str, gm: fx.GraphModule, passes: list[GraphPass]) -> 
     records: list[PassRecord] = []
     for graph_pass in passes:
         start = time.perf_counter()
-        before = _declarations_of(gm)
+        before = declarations(gm)
         try:
             result = graph_pass(gm)
             keep_declarations(before, result.graph_module)
@@ -63,23 +61,6 @@ def run_passes(graph_name: str, gm: fx.GraphModule, passes: list[GraphPass]) -> 
             graph_text=readable_graph(gm),
         ))
     return gm, records
-
-
-def _declarations_of(gm: fx.GraphModule) -> fx.Graph:
-    """A copy of the graph's placeholders and output with their metadata, taken
-    before a pass (which may rewrite the graph in place)."""
-    snapshot = fx.Graph()
-    env = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = snapshot.placeholder(node.target)
-            env[node].meta = copy.copy(node.meta)
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    values = output.args[0]
-    count = len(values) if isinstance(values, (tuple, list)) else 1
-    stub = snapshot.output(tuple(None for _ in range(count)))
-    stub.meta = copy.copy(output.meta)
-    return snapshot
 
 
 def _after(records: list[PassRecord]) -> str:

@@ -14,6 +14,7 @@ The new head is a frozen copy of the selected rows, a parameter of its own
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ class ReduceDraftVocabulary(GraphPass):
             return PassResult.unchanged(gm)
         if len(head.args) > 2 and head.args[2] is not None:
             raise SpeccError("the LM head has a bias; reducing its vocabulary would need the bias rows too")
-        weight = _attribute(gm, weight_node.target)
+        weight = operator.attrgetter(weight_node.target)(gm)
         ids = torch.tensor(self.config.token_ids, dtype=torch.long)
         if int(ids.max()) >= weight.shape[0] or int(ids.min()) < 0:
             raise SpeccError(f"draft vocabulary ids must lie in [0, {weight.shape[0]}); got {int(ids.min())}.."
@@ -99,10 +100,3 @@ def _redeclare_logits(graph: fx.Graph, size: int) -> None:
     specs = [TensorSpec.from_json(spec) for spec in output.meta[OUTPUTS_META]]
     specs = [TensorSpec(s.name, s.role, s.dtype, (*s.shape[:-1], size)) if s.role == "logits" else s for s in specs]
     declare_outputs(graph, specs)
-
-
-def _attribute(gm: fx.GraphModule, dotted: str) -> torch.Tensor:
-    value = gm
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value

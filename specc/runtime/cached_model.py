@@ -70,18 +70,26 @@ class CachedModel:
         return self.prefill(tokens, start).logits
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
-        slots = torch.arange(start, start + tokens.numel(), device=self.device)
-        return self.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), self.device))
+        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device))
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         """Score a flattened token tree whose root sits at slot `prefix_len`."""
-        node_tokens, tree = draft.node_tokens, draft.tree
-        slots = torch.arange(prefix_len, prefix_len + node_tokens.numel(), device=self.device)
-        positions = tree.depth.to(self.device) + prefix_len
-        return self.run(node_tokens, positions, slots, tree_mask(prefix_len, tree))
+        return self.run(draft.node_tokens, *tree_layout(draft, prefix_len, self.device))
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         self.cache.commit(base, accepted_offsets)
+
+
+def chunk_layout(start: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions, cache slots, mask) of a causal chunk of `length` tokens after `start` cached ones."""
+    slots = torch.arange(start, start + length, device=device)
+    return slots, slots, causal_chunk_mask(start, length, device)
+
+
+def tree_layout(draft: Draft, prefix_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions, cache slots, mask) of a draft's flattened tree rooted at slot `prefix_len`."""
+    slots = torch.arange(prefix_len, prefix_len + draft.node_tokens.numel(), device=device)
+    return draft.tree.depth.to(device) + prefix_len, slots, tree_mask(prefix_len, draft.tree)
 
 
 def check_decoding_layout(signature: GraphSignature) -> None:

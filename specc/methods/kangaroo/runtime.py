@@ -25,9 +25,9 @@ import torch
 
 from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY, KangarooConfig
 from specc.runtime.acceptance import Acceptance
-from specc.runtime.cached_model import CachedModel
+from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
-from specc.runtime.masks import causal_chunk_mask, tree_mask
+from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
@@ -48,14 +48,10 @@ class ExitVerifier:
         self.max_seq_len = deep.max_seq_len
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
-        slots = torch.arange(start, start + tokens.numel(), device=self.device)
-        return self._forward(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), self.device), {})
+        return self._forward(tokens, *chunk_layout(start, tokens.numel(), self.device), {})
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
-        n = draft.node_tokens.numel()
-        slots = torch.arange(prefix_len, prefix_len + n, device=self.device)
-        positions = draft.tree.depth.to(self.device) + prefix_len
-        return self._forward(draft.node_tokens, positions, slots, tree_mask(prefix_len, draft.tree), draft.extras)
+        return self._forward(draft.node_tokens, *tree_layout(draft, prefix_len, self.device), draft.extras)
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         self.deep.commit(base, accepted_offsets)

@@ -15,6 +15,7 @@ from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
+from specc.runtime.warm_up import untaken_size
 
 
 class SwiftDrafter:
@@ -139,14 +140,10 @@ class SwiftDrafter:
         window = self.config.context_window
         taken = self.draft.forward_fn.static_sizes | set(self.draft.cache.tensors[0].shape) | {window}
         with torch.inference_mode():
-            self._step(0, _untaken_size(taken, 2) - 1, frozenset())
+            self._step(0, untaken_size(taken, 2) - 1, frozenset())
             if self.config.adapt:
-                free = _untaken_size(taken, 2 * window + 1) - window
+                free = untaken_size(taken, 2 * window + 1) - window
                 self.matchness([0] * (free + 1), 1, frozenset())
-
-
-def _untaken_size(taken: set[int], at_least: int) -> int:
-    return next(n for n in range(at_least, at_least + len(taken) + 1) if n not in taken)
 
 
 def build_drafter(target: CachedModel, forward: SkippingForward, config: SwiftConfig,

@@ -1,0 +1,33 @@
+"""Warming up lazily compiling backends without baking in accidental shapes.
+
+A compiler that treats every dimension as dynamic ties together dimensions
+that happen to be equal on the first call (duck sizing) and specializes on
+that equality, recompiling at the first real call that breaks it. Warm-up
+calls therefore use lengths that equal no static size of the graph, and
+q != kv.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specc.graph.signature import example_inputs
+
+
+def untaken_size(taken: set[int], at_least: int) -> int:
+    """The smallest size >= `at_least` that is not in `taken`."""
+    return next(n for n in range(at_least, at_least + len(taken) + 1) if n not in taken)
+
+
+def warm_up(forward: Callable, target) -> None:
+    """Trigger the compilations of a lowered graph (`target`: its `LoweringTarget`) once,
+    for a chunk and for a single token, on throw-away inputs built from its signature."""
+    taken = set(target.sizes.values())
+    chunk = untaken_size(taken, 7)
+    chunk_kv = untaken_size(taken | {chunk}, chunk + 6)
+    step_kv = untaken_size(taken | {chunk, chunk_kv}, chunk_kv + 5)
+    with torch.inference_mode():
+        for q, kv in ((chunk, chunk_kv), (1, step_kv)):
+            forward(*example_inputs(target.signature, target.sizes, target.dtype, q=q, kv=kv))
