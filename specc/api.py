@@ -26,15 +26,15 @@ class Generation:
 
 def compile(model: str | Path, method: str, output: str | Path, *, backend: str = "eager",
             dtype: str = "float32", max_seq_len: int = 1024, settings: dict | None = None,
-            force: bool = False, progress: bool = False) -> dict:
+            force: bool = False, progress: bool = False, kernels: bool = False) -> dict:
     """`specc compile`: write an engine for `model` to `output`; returns the manifest's fields.
-    `settings` are the method's config fields (see `specc methods`)."""
+    `settings` are the method's config fields (see `specc methods`); `kernels` is `--kernels`."""
     from specc.compiler import CompileRequest, compile_engine
 
     assignments = [f"{key}={_setting_text(value)}" for key, value in (settings or {}).items()]
     return compile_engine(CompileRequest(model=str(model), method=method, output=Path(output), backend=backend,
                                          dtype=dtype, max_seq_len=max_seq_len, force=force, settings=assignments,
-                                         show_progress=progress))
+                                         kernels=kernels, show_progress=progress))
 
 
 def load(engine: str | Path, backend: str | None = None) -> "Engine":

@@ -18,8 +18,10 @@ from specc.errors import UsageError
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
-from specc.methods.descriptor import TARGET, check_backend, get_method
+from specc.methods.descriptor import TARGET, check_backend, get_method, is_lossless
+from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
+from specc.passes.use_kernels import UseKernels
 from specc.program import ProgramGraph, SpeculativeProgram
 from specc.progress import StageReporter
 
@@ -36,12 +38,14 @@ class CompileRequest:
     max_seq_len: int = 1024
     force: bool = False
     settings: list[str] = field(default_factory=list)   # method config as key=value
+    kernels: bool = False   # attention through specc's Triton kernel (passes/use_kernels.py)
     show_progress: bool = False
 
 
 def validate(request: CompileRequest):
     """Check everything cheap before any heavy work starts."""
     backend = get_backend(request.backend)
+    backend.check_available()
     check_dtype(request.dtype)
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
@@ -74,7 +78,7 @@ def compile_engine(request: CompileRequest) -> dict:
                 _check_same_vocabulary(source.name, models[TARGET], models[source.name])
         tokenizer = load_tokenizer(checkpoint)
     with progress.stage("capturing with torch.export and running passes"):
-        program = build_program(models, method, config, request.max_seq_len)
+        program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels)
     method_state = {}
     if method.train is not None:
         with progress.stage(f"training/calibrating {method.name}", own_line=True):
@@ -84,13 +88,16 @@ def compile_engine(request: CompileRequest) -> dict:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
         with progress.stage(f"lowering ({request.backend})"):
-            lowering_seconds = _lower_ahead_of_time(staging, program, backend, request)
+            lowering_seconds, lowered = _lower_ahead_of_time(staging, program, backend, request)
+        kernels = _kernels_by_graph(program)
         report = {
             "method": method.name, "method_config": config.to_json(), "backend": request.backend,
-            "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": method.lossless,
+            "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": is_lossless(method, config),
             "source_checkpoint": str(checkpoint),
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
+            **({"lowered": lowered} if lowered else {}),
+            **({"kernels": kernels} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
             **tables,
@@ -99,8 +106,9 @@ def compile_engine(request: CompileRequest) -> dict:
     return report
 
 
-def build_program(models: dict, method, config, max_seq_len: int) -> SpeculativeProgram:
-    """Capture each source model once; every named graph rewrites its own copy of the capture."""
+def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False) -> SpeculativeProgram:
+    """Capture each source model once; every named graph rewrites its own copy of the capture
+    (then, with `kernels`, swaps its attention for specc's kernel: `use_kernels`, the last pass)."""
     program = SpeculativeProgram()
     captures = {}
     for name, recipe in method.graphs(config).items():
@@ -110,7 +118,8 @@ def build_program(models: dict, method, config, max_seq_len: int) -> Speculative
             captured = capture(models[recipe.source], max_seq_len)
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
-        gm, records = run_passes(name, _graph_copy(captured.graph_module), recipe.passes(config))
+        passes = [*recipe.passes(config), *([UseKernels()] if kernels else [])]
+        gm, records = run_passes(name, _graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
@@ -122,18 +131,30 @@ def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
-def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend, request: CompileRequest) -> float:
+def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,
+                         request: CompileRequest) -> tuple[float, dict]:
+    """Seconds spent, and per graph: its seconds and the sizes of the files it wrote."""
     if not backend.ahead_of_time:
-        return 0.0
+        return 0.0, {}
     start = time.perf_counter()
     (staging / "compiled").mkdir()
     dtype = getattr(torch, request.dtype)
+    lowered = {}
     for name, graph in program.graphs.items():
         log.info("lowering %s with %s", name, backend.name)
         target = LoweringTarget(name, graph.module, read_signature(graph.module),
                                 static_sizes(graph.architecture, request.max_seq_len), dtype, request.max_seq_len)
-        backend.package(target, staging / "compiled")
-    return time.perf_counter() - start
+        graph_start = time.perf_counter()
+        files = backend.package(target, staging / "compiled")
+        lowered[name] = {"seconds": round(time.perf_counter() - graph_start, 3),
+                         "files": {f: (staging / "compiled" / f).stat().st_size for f in files or []}}
+    return time.perf_counter() - start, lowered
+
+
+def _kernels_by_graph(program: SpeculativeProgram) -> dict[str, list[str]]:
+    """The specc kernels each graph calls (graphs that call none are left out)."""
+    used = {name: kernels_in_graph(graph.module) for name, graph in program.graphs.items()}
+    return {name: kernels for name, kernels in used.items() if kernels}
 
 
 def _check_same_vocabulary(name: str, target, other) -> None:

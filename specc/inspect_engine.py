@@ -34,6 +34,9 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         lines.append(f"  inputs: {', '.join(_abbreviate(entry['inputs']))}")
         lines += _describe_signature(entry["signature"])
         lines.append("  nodes by op: " + _format_counts(node_counts(engine_dir, name)))
+        if name in manifest.get("kernels", {}):
+            lines.append(f"  kernels: {', '.join(manifest['kernels'][name])} (torch.ops.specc, see specc/kernels)")
+        lines += _describe_lowering(manifest, name)
         for record in (r for r in manifest["passes"] if r["graph"] == name):
             lines += _describe_pass(record)
     for key, value in manifest.get("method_state", {}).items():
@@ -53,6 +56,15 @@ def _describe_signature(signature: dict) -> list[str]:
         for role, specs in roles.items())]
     lines.append("  signature out: " + "; ".join(f"{s['name']} ({s['role']}) {shape(s)}" for s in signature["outputs"]))
     return lines
+
+
+def _describe_lowering(manifest: dict, graph: str) -> list[str]:
+    """What an ahead-of-time backend wrote for the graph, and how long it took."""
+    lowered = manifest.get("lowered", {}).get(graph)
+    if lowered is None:
+        return []
+    files = ", ".join(f"{name} ({size / 1e6:.1f} MB)" for name, size in lowered["files"].items())
+    return [f"  lowered by {manifest['backend']} in {lowered['seconds']:.1f}s: {files}"]
 
 
 def node_counts(engine_dir: Path, graph: str) -> Counter:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# specc's Triton kernels are tested in Triton's interpreter (no GPU here). Triton reads the
+# variable when it is first imported, and other tests import it too (Inductor does), so it is
+# set for the whole session, before anything imports triton; CPU-side Inductor ignores it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

@@ -87,6 +87,9 @@ def run(args) -> int:
         if args.json:
             stats = result.stats.to_json()
             stats["compile_seconds"] = round(engine.compile_seconds, 3)
+            report = method_report(engine.runtime)
+            if report:
+                stats["method"] = report
             print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                               "finish_reason": result.finish_reason, "stats": stats}), flush=True)
             continue
@@ -101,6 +104,16 @@ def run(args) -> int:
 def _write(piece: str) -> None:
     sys.stdout.write(piece)
     sys.stdout.flush()
+
+
+def method_report(runtime) -> dict:
+    """What the method's own runtime reports about the last generation (`method_report()` on its
+    drafter or target, if it has one), e.g. SpecEE's exit layers."""
+    for part in (runtime.drafter, runtime.target):
+        report = getattr(part, "method_report", None)
+        if report is not None:
+            return report()
+    return {}
 
 
 def _print_stats(s) -> None:

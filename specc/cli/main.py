@@ -79,6 +79,9 @@ def _add_compile(verbs):
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="set a method config field (repeatable; see `specc methods`)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--kernels", action="store_true",
+                   help="run attention through specc's Triton kernel (specc.kernels; pays off on CUDA only: "
+                        "on CPU it computes the PyTorch reference)")
     return p
 
 
@@ -262,14 +265,14 @@ def _compile(args) -> int:
 
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
-        max_seq_len=args.max_seq_len, force=args.force, settings=args.settings,
+        max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, kernels=args.kernels,
         show_progress=True,
     )
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}) ...", file=sys.stderr)
     report = compile_engine(request)
     seconds = report["compile_seconds"]
     print(f"wrote {args.output} in {seconds['total']:.1f}s"
-          + (f" (AOTInductor packaging {seconds['lowering']:.1f}s)" if report["backend"] == "aoti" else ""))
+          + (f" ({report['backend']} packaging {seconds['lowering']:.1f}s)" if seconds["lowering"] else ""))
     return 0
 
 
@@ -278,7 +281,8 @@ def _methods_text() -> str:
 
     lines = []
     for method in all_methods():
-        kind = "lossless" if method.lossless else "lossy"
+        kind = ("lossless or lossy by mode" if method.lossless_when is not None
+                else "lossless" if method.lossless else "lossy")
         lines.append(f"{method.name} ({kind}): {method.summary}")
         fields = method.config_class.describe_fields()
         if not fields:

@@ -8,7 +8,9 @@ no graph signatures).
       weights/added.safetensors      parameters the method trained (if any)
       graphs/<name>.json       each rewritten graph, serialized without pickle
       ir/<name>/NN_<pass>.txt  each graph right after each pass (for inspect)
-      compiled/<name>.*        ahead-of-time artifacts of backends that build them (aoti: .pt2)
+      compiled/<name>.*        ahead-of-time artifacts of backends that build them (aoti: .pt2,
+                               onnx: .onnx, tensorrt: .onnx and .plan); the manifest's `lowered`
+                               table gives each graph's packaging seconds and file sizes
 """
 
 from __future__ import annotations

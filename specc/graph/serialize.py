@@ -94,6 +94,8 @@ def _decode_target(op: str, target: str):
         _, _, namespace, opname, overload = target.split(".")
         if namespace not in _OP_NAMESPACES:
             raise SpeccError(f"engine graph names operator namespace {namespace!r}; refusing to load it")
+        if namespace == "specc":
+            import specc.kernels  # noqa: F401  (registers torch.ops.specc.*)
         return getattr(getattr(getattr(torch.ops, namespace), opname), overload)
     if head == "torch" and rest.startswith("sym_"):
         return getattr(torch, rest)

@@ -45,6 +45,9 @@ class Backend:
     ahead_of_time: bool = False     # `package` writes artifacts into the engine at compile time
     compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
 
+    def check_available(self) -> None:
+        """Raise UsageError naming what this machine lacks (a package, a device) to use the backend."""
+
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
         """Write the graph's compiled artifacts under `artifacts`; return their file names."""
         return []

@@ -14,7 +14,8 @@ from importlib.metadata import entry_points
 from specc.errors import UsageError
 
 ENTRY_POINT_GROUP = "specc.backends"
-_BUILTIN = {"eager": "specc.lower.eager", "inductor": "specc.lower.inductor", "aoti": "specc.lower.aoti"}
+_BUILTIN = {"eager": "specc.lower.eager", "inductor": "specc.lower.inductor", "aoti": "specc.lower.aoti",
+            "onnx": "specc.lower.onnx", "tensorrt": "specc.lower.tensorrt"}
 _LOADED: dict = {}
 
 

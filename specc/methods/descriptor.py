@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "specc.methods"
 _BUILTIN = ("specc.methods.autoregressive", "specc.methods.draft_model", "specc.methods.swift",
-            "specc.methods.kangaroo")
+            "specc.methods.kangaroo", "specc.methods.specee", "specc.methods.s3d")
 TARGET = "target"   # the source name of the checkpoint being compiled
 
 
@@ -68,12 +68,18 @@ class MethodDescriptor:
     graphs: Callable[[MethodConfig], dict[str, GraphRecipe]]
     build_runtime: Callable[["MethodContext", MethodConfig], "MethodRuntime"]
     lossless: bool = True
+    # When losslessness depends on the config (a lossy paper mode beside a lossless one): config -> bool.
+    lossless_when: Callable[[MethodConfig], bool] | None = None
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
     # Checks the config against the checkpoint's Hugging Face config (transformers.PretrainedConfig,
     # read from config.json before any weights load); raises UsageError naming the bad --set value.
     validate: Callable[[MethodConfig, object], None] | None = None
+
+
+def is_lossless(method: MethodDescriptor, config: MethodConfig) -> bool:
+    return method.lossless_when(config) if method.lossless_when is not None else method.lossless
 
 
 def check_backend(method: MethodDescriptor, backend) -> None:

@@ -60,52 +60,54 @@ class AttachAdapterHead(GraphPass):
             return PassResult.unchanged(gm)
         before = set(graph.nodes)
         layer = min(i for i in map(layer_index, exit_input.users) if i is not None)
-        sdpa = _attention_of(graph, layer)
+        sdpa = attention_of(graph, layer)
         layer_path = _LAYER_PATH.match(module_path(sdpa)).group(1)
         residual = _attention_residual(graph, sdpa, layer_path)
         last_output = layer_output(graph, max(i for i in map(layer_index, graph.nodes) if i is not None))
         last_output.replace_all_uses_with(residual)
         remove_unreachable(graph)
-        norm_path = _final_norm_path(residual)
+        norm_path = final_norm_path(residual)
         renames = {layer_path: self.config.module_name, norm_path: f"{self.config.module_name}.norm"}
-        added_parameters = self._adopt_parameters(gm, renames)
-        added_inputs = self._own_cache(graph, sdpa, exit_input)
-        _relabel(graph, renames)
+        added_parameters = adopt_parameters(gm, renames)
+        added_inputs = own_cache(graph, sdpa, exit_input, self.config.cache_names)
+        relabel(graph, renames)
         tidy(gm)
         return PassResult(gm, True, inserted=new_nodes(before, gm), replaced=[last_output.name],
                           added_parameters=added_parameters, added_inputs=added_inputs)
 
-    def _adopt_parameters(self, gm: fx.GraphModule, renames: dict[str, str]) -> list[str]:
-        """Give the adapter copies of the parameters it reads, under its own names."""
-        added = []
-        for node in list(gm.graph.nodes):
-            new_name = _renamed(node.target, renames) if node.op == "get_attr" else None
-            if new_name is None:
-                continue
-            value = operator.attrgetter(node.target)(gm)
-            _set_parameter(gm, new_name, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
-            with gm.graph.inserting_before(node):
-                adopted = gm.graph.get_attr(new_name)
-            adopted.meta = dict(node.meta)
-            node.replace_all_uses_with(adopted)
-            gm.graph.erase_node(node)
-            added.append(new_name)
-        return added
 
-    def _own_cache(self, graph: fx.Graph, sdpa: fx.Node, exit_input: fx.Node) -> list[str]:
-        """Point the adapter's cache writes at inputs of its own; drop the target's."""
-        old = [_cache_input(sdpa.args[1]), _cache_input(sdpa.args[2])]
-        with graph.inserting_before(exit_input):
-            new = [declare_cache_input(graph.placeholder(name)) for name in self.config.cache_names]
-        for before, after in zip(old, new):
-            before.replace_all_uses_with(after)
-        for node in list(graph.nodes):
-            if node.op == "placeholder" and _TARGET_CACHE.match(str(node.target)) and not node.users:
-                graph.erase_node(node)
-        return list(self.config.cache_names)
+def adopt_parameters(gm: fx.GraphModule, renames: dict[str, str]) -> list[str]:
+    """Give a head cut from the target copies of the parameters it reads, under its own names."""
+    added = []
+    for node in list(gm.graph.nodes):
+        new_name = _renamed(node.target, renames) if node.op == "get_attr" else None
+        if new_name is None:
+            continue
+        value = operator.attrgetter(node.target)(gm)
+        _set_parameter(gm, new_name, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
+        with gm.graph.inserting_before(node):
+            adopted = gm.graph.get_attr(new_name)
+        adopted.meta = dict(node.meta)
+        node.replace_all_uses_with(adopted)
+        gm.graph.erase_node(node)
+        added.append(new_name)
+    return added
 
 
-def _attention_of(graph: fx.Graph, layer: int) -> fx.Node:
+def own_cache(graph: fx.Graph, sdpa: fx.Node, before_input: fx.Node, cache_names: tuple[str, str]) -> list[str]:
+    """Point a head's cache writes at inputs of its own (placed before `before_input`); drop the target's."""
+    old = [_cache_input(sdpa.args[1]), _cache_input(sdpa.args[2])]
+    with graph.inserting_before(before_input):
+        new = [declare_cache_input(graph.placeholder(name)) for name in cache_names]
+    for before, after in zip(old, new):
+        before.replace_all_uses_with(after)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and _TARGET_CACHE.match(str(node.target)) and not node.users:
+            graph.erase_node(node)
+    return list(cache_names)
+
+
+def attention_of(graph: fx.Graph, layer: int) -> fx.Node:
     calls = [n for n in attention_nodes(graph) if layer_index(n) == layer]
     if len(calls) != 1:
         raise SpeccError(f"expected one attention call in decoder layer {layer}, found {len(calls)}")
@@ -123,7 +125,7 @@ def _attention_residual(graph: fx.Graph, sdpa: fx.Node, layer_path: str) -> fx.N
     raise SpeccError(f"no residual add after the attention of {layer_path}")
 
 
-def _final_norm_path(residual: fx.Node) -> str:
+def final_norm_path(residual: fx.Node) -> str:
     paths = {module_path(u) for u in residual.users if layer_index(u) is None and module_path(u)}
     if len(paths) != 1:
         raise SpeccError(f"expected the final norm to read the adapter output, found readers in {sorted(paths)}")
@@ -145,7 +147,7 @@ def _renamed(name: str, renames: dict[str, str]) -> str | None:
     return None
 
 
-def _relabel(graph: fx.Graph, renames: dict[str, str]) -> None:
+def relabel(graph: fx.Graph, renames: dict[str, str]) -> None:
     """Module metadata names the adapter, not the target layer it was cut from,
     so nothing mistakes its nodes for decoder layer l (e.g. segment_by_layer)."""
     for node in graph.nodes:

@@ -26,8 +26,9 @@ from specc.passes.attach_adapter_head import AdapterHeadConfig
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
 from specc.program import SpeculativeProgram
-from specc.runtime.masks import causal_chunk_mask
 from specc.train.corpus import token_windows
+from specc.train.inputs import decoding_inputs, empty_caches
+from specc.train.vocabulary import frequent_tokens, student_index
 from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
 
 ADAPTER_MODULE = AdapterHeadConfig().module_name
@@ -49,8 +50,7 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
     if reduce:
         ids = frequent_tokens(windows.train, arch, config.draft_vocab_size)
         _reduce_head(program, ids)
-        to_student = torch.full((arch.vocab_size,), -1, dtype=torch.long)
-        to_student[torch.tensor(ids)] = torch.arange(len(ids))
+        to_student = student_index(ids, arch.vocab_size)
         head = program.graphs["adapter"].module.get_parameter(f"{DraftVocabularyConfig.module_name}.weight")
         extra = {f"{DraftVocabularyConfig.module_name}.weight": head.detach().clone()}
         state[DRAFT_VOCABULARY_KEY] = ids
@@ -79,15 +79,6 @@ def _trained(adapter) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in adapter_parameters(adapter).items()}
 
 
-def frequent_tokens(windows: list[torch.Tensor], arch, size: int) -> list[int]:
-    """`size` token ids: end-of-sequence ids first, then by frequency in `windows`,
-    then (unseen tokens) by id, which for BPE vocabularies roughly follows merge order."""
-    counts = torch.bincount(torch.cat(windows), minlength=arch.vocab_size)[: arch.vocab_size].float()
-    counts[list(arch.eos_token_ids)] = float("inf")
-    order = torch.argsort(-counts, stable=True)
-    return order[:size].tolist()
-
-
 def _reduce_head(program: SpeculativeProgram, ids: list[int]) -> None:
     graph = program.graphs["adapter"]
     graph.module, records = run_passes("adapter", graph.module,
@@ -103,8 +94,8 @@ def _teacher(shallow, deep, arch, dtype, top_k: int, to_student):
     """tokens → (the target's top-k next-token probabilities in the draft head's
     index space, (tokens, the exit states [1, T, H]))."""
     def teach(tokens: torch.Tensor):
-        inputs = _decoding_inputs(tokens)
-        caches = _caches(arch, arch.num_layers, tokens.numel(), dtype)
+        inputs = decoding_inputs(tokens)
+        caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype)
         (exits,) = shallow(*inputs, *caches)
         (logits,) = deep(*inputs, *caches, exits)
         return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student), (tokens, exits)
@@ -115,16 +106,6 @@ def _student(adapter, arch, dtype):
     """(tokens, exit states) → the adapter's logits [T, V], its cache starting empty."""
     def predict(lesson) -> torch.Tensor:
         tokens, exits = lesson
-        (logits,) = adapter(*_decoding_inputs(tokens), *_caches(arch, 1, tokens.numel(), dtype), exits)
+        (logits,) = adapter(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), exits)
         return logits[0]
     return predict
-
-
-def _decoding_inputs(tokens: torch.Tensor) -> tuple:
-    positions = torch.arange(tokens.numel())
-    return tokens[None], positions[None], causal_chunk_mask(0, tokens.numel()), positions
-
-
-def _caches(arch, layers: int, length: int, dtype) -> list[torch.Tensor]:
-    shape = (1, arch.num_key_value_heads, length + 1, arch.head_dim)
-    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * layers)]

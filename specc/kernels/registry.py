@@ -1,0 +1,39 @@
+"""The kernels specc provides, and which of them a graph calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+NAMESPACE = "specc"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str      # the operator torch.ops.specc.<name> and the Triton module specc/kernels/<name>.py
+    summary: str
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        return getattr(getattr(torch.ops, NAMESPACE), self.name).default
+
+
+KERNELS = {kernel.name: kernel for kernel in (
+    Kernel("tree_attention", "masked (tree) attention of q rows over the KV cache read view, GQA-aware, "
+                             "online softmax over kv blocks"),
+    Kernel("greedy_accept", "per-node argmax and the longest root path whose tokens match it, "
+                            "with the bonus token"),
+)}
+
+
+def kernels_in_graph(gm: fx.GraphModule) -> list[str]:
+    """Names of the specc kernels `gm` (or a GraphModule it calls) runs, sorted."""
+    names = {node.target._opname for node in gm.graph.nodes
+             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+             and node.target.namespace == NAMESPACE}
+    for child in gm.children():
+        if isinstance(child, fx.GraphModule):
+            names.update(kernels_in_graph(child))
+    return sorted(names)

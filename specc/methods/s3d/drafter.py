@@ -1,0 +1,90 @@
+"""S3D's drafter: one forward of the `draft` graph over the root and γ-1 mask
+tokens proposes the next γ tokens at once.
+
+The draft graph shares the target's KV cache. It reads the committed
+prefix's full-model K/V and writes its kept layers' K/V for the γ rows at
+slots p..p+γ-1 (the root's slot and the ones after it). Verification
+writes every tree slot, p included, with the full model before anything
+reads it, so no draft K/V outlives the round; skipped layers write nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specc.methods.s3d.config import S3DConfig
+from specc.runtime.acceptance import Acceptance
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.masks import causal_chunk_mask
+from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.tree import TreeSpec, tree_tensors
+from specc.runtime.verification import Verification
+
+
+class MaskTokenDrafter:
+    def __init__(self, draft: CachedModel, config: S3DConfig):
+        self.draft = draft
+        self.config = config
+        self._eos = set(draft.architecture.eos_token_ids)
+
+    def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
+        """Nothing per sequence: the draft reads the target's committed KV."""
+
+    def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
+        """Nothing to catch up on: the next draft forward starts from the committed prefix."""
+
+    def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft | None:
+        depth = min(self.config.draft_tokens, budget.max_depth, budget.max_nodes - 1)
+        if depth < 1:
+            return None
+        logits = self.predict(tokens[-1], len(tokens) - 1, depth)
+        if not sampling.greedy and self.config.tree_width == 1:
+            return self._sampled_chain(tokens[-1], logits, sampling, generator)
+        return self._top_k_tree(tokens[-1], logits, budget.max_nodes, sampling)
+
+    def predict(self, root_token: int, root: int, depth: int) -> torch.Tensor:
+        """Logits [depth, vocab] for the `depth` tokens after the root at slot `root`:
+        one draft forward over [root, <M> × (depth - 1)] at slots root..root+depth-1."""
+        device = self.draft.device
+        tokens = torch.zeros(depth, dtype=torch.long, device=device)
+        tokens[0] = root_token
+        is_mask = torch.ones(1, depth, dtype=torch.bool, device=device)
+        is_mask[0, 0] = False
+        slots = torch.arange(root, root + depth, device=device)
+        (logits,) = self.draft.run_all(tokens, slots, slots, causal_chunk_mask(root, depth, device), is_mask)
+        return logits[0]
+
+    def _sampled_chain(self, root_token: int, logits: torch.Tensor, sampling: SamplingConfig,
+                       generator: torch.Generator | None) -> Draft:
+        """Each depth sampled from its own draft distribution q_d (Leviathan acceptance
+        needs only the q each token was drawn from)."""
+        probs = probabilities(logits, sampling)
+        chain = []
+        for q in probs:
+            chain.append(sample(q, generator))
+            if chain[-1] in self._eos:
+                break
+        return Draft(tree=tree_tensors(TreeSpec.chain(len(chain))),
+                     node_tokens=torch.tensor([root_token, *chain], device=self.draft.device),
+                     draft_probs=probs[: len(chain)])
+
+    def _top_k_tree(self, root_token: int, logits: torch.Tensor, max_nodes: int, sampling: SamplingConfig) -> Draft:
+        """The top-1 chain, with the top-k at depths whose top-1 probability is below
+        `tree_threshold`; the chain stops after an end-of-sequence token."""
+        probs = torch.softmax(logits.float(), dim=-1) if sampling.greedy else probabilities(logits, sampling)
+        node_tokens, widths = [root_token], []
+        for q in probs:
+            confident = float(q.max()) >= self.config.tree_threshold
+            width = min(1 if confident else self.config.tree_width, max_nodes - len(node_tokens))
+            if width < 1:
+                break
+            level = q.topk(width).indices.tolist()
+            node_tokens += level
+            widths.append(width)
+            if level[0] in self._eos:
+                break
+        return Draft(tree=tree_tensors(TreeSpec(tuple(widths))),
+                     node_tokens=torch.tensor(node_tokens, device=self.draft.device))
+

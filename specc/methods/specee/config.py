@@ -1,0 +1,85 @@
+"""SpecEE's configuration: mode, KV policy, draft head, predictors, schedule, training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specc.errors import UsageError
+from specc.methods.config import MethodConfig, option
+
+MODES = ("lossless", "ar")
+KV_POLICIES = ("propagate", "mask")
+DRAFT_VOCABULARY_KEY = "draft_vocabulary"
+SCHEDULE_KEY = "schedule"
+
+
+@dataclass(frozen=True)
+class SpecEEConfig(MethodConfig):
+    mode: str = option("lossless", "lossless: early-exit tokens are drafts the full model verifies (output "
+                                   "identical to the target); ar: the paper's public path, a token leaves at "
+                                   "its exit layer unverified (lossy, faster when exits are early)")
+    kv_policy: str = option("propagate", "K/V of the layers above an exit: propagate computes them from the "
+                                         "exit state (only their K/V projections run, as CALM does); mask: "
+                                         "later tokens never see that token there (the reference code)")
+    candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
+    exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
+                                         "the full head's argmax at that layer is a candidate (the guard). 0: "
+                                         "calibrated at compile time, the lowest of 0.5..0.99 whose teacher-"
+                                         "forced agreement with the dense model reaches target_agreement")
+    target_agreement: float = option(0.98, "the agreement the calibrated threshold aims for (on training text; "
+                                           "held-out agreement is reported beside it)")
+    first_exit_layer: int = option(0, "the lowest layer with a predictor (0: a third of the way up; exits "
+                                      "below it are rare and every predictor layer costs calibration time)")
+    offline_layers: int = option(0, "layers in the offline schedule, ranked by exit frequency on calibration "
+                                     "text (0: a quarter of the layers, the paper's 8 of 32)")
+    online_tokens: int = option(5, "the online schedule adds the exit layers (-2, 0, +2) of this many "
+                                   "previous tokens")
+    max_draft_steps: int = option(6, "lossless mode: most early-exit tokens drafted per round")
+    predictor_hidden: int = option(512, "hidden units of each exit predictor (3K -> hidden -> 1)")
+    draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
+                                         "calibration text (0 keeps the full head)")
+    train_steps: int = option(600, "draft-head training steps (one sequence each, self-distilled)")
+    train_windows: int = option(128, "distinct training windows; the frozen target runs once on each")
+    predictor_windows: int = option(16, "windows whose every layer is scored to train the predictors")
+    predictor_epochs: int = option(30, "passes over the predictor samples (BCE, Adam)")
+    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
+    learning_rate: float = option(3e-3, "draft-head peak AdamW learning rate")
+    predictor_learning_rate: float = option(1e-3, "predictor Adam learning rate (the paper's)")
+    warmup_steps: int = option(30, "draft-head linear warm-up steps, then cosine decay")
+    train_seq_len: int = option(128, "tokens per training sequence")
+    eval_sequences: int = option(8, "held-out sequences for draft-head agreement and exit quality")
+    eval_every: int = option(100, "draft-head steps between held-out estimates")
+    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; default: "
+                                          "Python stdlib source plus ../shared/data text if present")
+    seed: int = option(0, "seed for data order and initialisation; training is deterministic for a seed")
+
+    def __post_init__(self):
+        _check(self.mode in MODES, f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        _check(self.kv_policy in KV_POLICIES, f"kv_policy={self.kv_policy!r} is not one of {', '.join(KV_POLICIES)}")
+        _check(1 <= self.candidates <= 64, f"candidates={self.candidates} must be between 1 and 64")
+        _check(0.0 <= self.exit_threshold < 1.0, f"exit_threshold={self.exit_threshold} must be in [0, 1) "
+                                                  f"(0 calibrates it)")
+        _check(0.0 < self.target_agreement <= 1.0, f"target_agreement={self.target_agreement} must be in (0, 1]")
+        _check(self.first_exit_layer >= 0, f"first_exit_layer={self.first_exit_layer} must be 0 (automatic) or more")
+        _check(self.offline_layers >= 0, f"offline_layers={self.offline_layers} must be 0 (automatic) or more")
+        _check(self.online_tokens >= 0, f"online_tokens={self.online_tokens} must be 0 or more")
+        _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
+        _check(self.predictor_hidden >= 1, f"predictor_hidden={self.predictor_hidden} must be positive")
+        _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
+        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
+        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
+        _check(self.predictor_windows >= 1, f"predictor_windows={self.predictor_windows} must be at least 1")
+        _check(self.predictor_epochs >= 0, f"predictor_epochs={self.predictor_epochs} must be 0 or more")
+        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
+        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
+        _check(self.predictor_learning_rate > 0,
+               f"predictor_learning_rate={self.predictor_learning_rate} must be positive")
+        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
+        _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
+        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
+        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)

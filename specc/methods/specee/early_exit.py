@@ -1,0 +1,128 @@
+"""One SpecEE decoding step: draft-head candidates, then layers until a guarded exit.
+
+For a token at a slot, the draft head (EAGLE-1 style, reading the previous
+token's top-layer feature) proposes K candidates; the target then runs
+layer by layer, and after each scheduled layer whose predictor fires, the
+full LM head runs on that layer's state: the token exits there only if the
+head's argmax is one of the candidates (the guard). The schedule is the
+offline set measured at compile time plus an online window (-2, 0, +2)
+around the exit layers of the last few tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from specc.methods.specee.layerwise import LayerwiseForward, LayerwiseResult
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.kv_cache import KVCache
+from specc.runtime.masks import causal_chunk_mask
+
+
+class ExitSchedule:
+    def __init__(self, offline: tuple[int, ...], scored: tuple[int, ...], online_tokens: int):
+        self.offline = frozenset(offline) & frozenset(scored)
+        self.scored = frozenset(scored)
+        self.recent: deque[int] = deque(maxlen=online_tokens)
+
+    def layers(self) -> frozenset[int]:
+        online = {e + d for e in self.recent for d in (-2, 0, 2)}
+        return self.offline | (online & self.scored)
+
+    def record(self, exit_layer: int) -> None:
+        if self.recent.maxlen and exit_layer in self.scored:
+            self.recent.append(exit_layer)
+
+    def reset(self) -> None:
+        self.recent.clear()
+
+
+class DraftHead:
+    """The draft-head graph with its own KV cache; top-K candidates in vocabulary ids."""
+
+    def __init__(self, model: CachedModel, vocabulary: torch.Tensor | None, candidates: int):
+        self.model = model
+        self.vocabulary = vocabulary
+        self.k = candidates
+
+    def candidates(self, token: int, slot: int, feature: torch.Tensor) -> torch.Tensor:
+        """[1, K] for the token at `slot` after the previous token's `feature` [hidden]."""
+        device = self.model.device
+        slots = torch.tensor([slot], device=device)
+        mask = torch.ones(1, 1, 1, slot + 1, dtype=torch.bool, device=device)
+        logits = self.model.run(torch.tensor([token], device=device), slots, slots, mask, feature[None, None]).logits
+        return self._to_vocabulary(logits.topk(self.k, dim=-1).indices)
+
+    def prime(self, tokens: torch.Tensor, start: int, features: torch.Tensor) -> None:
+        """Write the head's KV for `tokens` at slots start.. given each previous token's feature [n, hidden]."""
+        device = self.model.device
+        slots = torch.arange(start, start + tokens.numel(), device=device)
+        self.model.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), device), features[None])
+
+    def _to_vocabulary(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices if self.vocabulary is None else self.vocabulary[indices]
+
+
+class EarlyExit:
+    """Steps single tokens through the layer-wise target on a shared KV cache."""
+
+    def __init__(self, layerwise: LayerwiseForward, head: DraftHead, cache: KVCache, schedule: ExitSchedule,
+                 threshold: float, device):
+        self.layerwise = layerwise
+        self.head = head
+        self.cache = cache
+        self.schedule = schedule
+        self.threshold = threshold
+        self.device = device
+        # `mask` policy: which slots a layer holds no K/V for (their token exited below it).
+        self.missing = torch.zeros(layerwise.num_layers, cache.max_seq_len + 1, dtype=torch.bool, device=device)
+        self.exit_layers: list[int] = []   # every early-exit step's last layer, across sequences
+
+    def reset(self) -> None:
+        """A new sequence: no slot is missing anywhere, no recent exits."""
+        self.missing.zero_()
+        self.schedule.reset()
+
+    def step(self, token: int, slot: int, feature: torch.Tensor, force_exit: int | None = None) -> LayerwiseResult:
+        """One token through the layers; `force_exit` (warm-up only) exits at that layer unconditionally."""
+        candidates = self.head.candidates(token, slot, feature)
+        slots = torch.tensor([slot], device=self.device)
+        mask = torch.ones(1, 1, 1, slot + 1, dtype=torch.bool, device=self.device)
+        inputs = (torch.tensor([[token]], device=self.device), slots[None], mask, slots, *self.cache.tensors,
+                  candidates)
+        scheduled = self.schedule.layers()
+
+        def decide(layer: int, score: torch.Tensor, hidden: torch.Tensor):
+            if force_exit is not None:
+                return self.layerwise.head(hidden, inputs) if layer == force_exit else None
+            if layer not in scheduled or float(score) <= self.threshold:
+                return None
+            logits = self.layerwise.head(hidden, inputs)
+            return logits if bool((candidates == logits[0, -1].argmax()).any()) else None
+
+        masks = self._layer_masks if self.layerwise.kv_policy == "mask" else None
+        result = self.layerwise.run(inputs, decide, masks)
+        self.missing[:, slot] = False
+        if self.layerwise.kv_policy == "mask":
+            self.missing[result.exit_layer + 1:, slot] = True
+        self.schedule.record(result.exit_layer)
+        self.exit_layers.append(result.exit_layer)
+        return result
+
+    def take_report(self) -> dict:
+        """Early-exit steps since the last report: each one's layers executed, and their mean."""
+        executed = [layer + 1 for layer in self.exit_layers]
+        self.exit_layers = []
+        return {"early_exit_steps": len(executed), "layers_executed": executed,
+                "mean_layers_executed": round(sum(executed) / len(executed), 3) if executed else None,
+                "num_layers": self.layerwise.num_layers}
+
+    def written_by_full_model(self, slots: torch.Tensor) -> None:
+        """Slots a full forward just wrote at every layer."""
+        self.missing[:, slots] = False
+
+    def _layer_masks(self, layer: int, mask: torch.Tensor) -> torch.Tensor | None:
+        missing = self.missing[layer, : mask.shape[-1]]
+        return mask & ~missing if bool(missing.any()) else None

@@ -1,0 +1,49 @@
+"""Add the hidden state leaving the last decoder layer as a graph output.
+
+A draft head that reads the target's top-layer features (EAGLE-style)
+needs them for every verified token; this pass appends that residual
+stream, before the final norm, as output `final_hidden` `[1, q, hidden]`
+(role `layer_exit`) after the existing outputs. Nothing else changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from specc.graph.nodes import layer_index, output_node
+from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
+from specc.graph.tidy import tidy
+from specc.passes.base import GraphPass, PassResult
+from specc.passes.expose_layer_exit import EXIT_ROLE, layer_output
+
+
+@dataclass(frozen=True)
+class FinalHiddenConfig:
+    output_name: str = "final_hidden"
+
+    def to_json(self) -> dict:
+        return {"output_name": self.output_name}
+
+
+class ExposeFinalHidden(GraphPass):
+    name = "expose_final_hidden"
+
+    def __init__(self, config: FinalHiddenConfig = FinalHiddenConfig()):
+        self.config = config
+
+    def run(self, gm: fx.GraphModule) -> PassResult:
+        output = output_node(gm.graph)
+        specs = [TensorSpec.from_json(s) for s in output.meta.get(OUTPUTS_META, [])]
+        layers = {i for i in map(layer_index, gm.graph.nodes) if i is not None}
+        if not layers or any(s.name == self.config.output_name for s in specs):
+            return PassResult.unchanged(gm)
+        hidden = layer_output(gm.graph, max(layers))
+        values = output.args[0]
+        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
+        output.args = ((*values, hidden),)
+        declare_outputs(gm.graph, specs + [TensorSpec(self.config.output_name, EXIT_ROLE, "float",
+                                                      (1, "q", "hidden"))])
+        tidy(gm)
+        return PassResult(gm, True, inserted=[], replaced=[])

@@ -1,0 +1,19 @@
+"""Inputs for running a decoding graph on one training window from an empty cache."""
+
+from __future__ import annotations
+
+import torch
+
+from specc.runtime.masks import causal_chunk_mask
+
+
+def decoding_inputs(tokens: torch.Tensor) -> tuple:
+    """tokens [1, T], positions [1, T], a causal mask and cache slots 0..T-1."""
+    positions = torch.arange(tokens.numel())
+    return tokens[None], positions[None], causal_chunk_mask(0, tokens.numel()), positions
+
+
+def empty_caches(arch, layers: int, length: int, dtype) -> list[torch.Tensor]:
+    """K and V caches for `layers` layers, one spare slot past `length` (see KVCache)."""
+    shape = (1, arch.num_key_value_heads, length + 1, arch.head_dim)
+    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * layers)]

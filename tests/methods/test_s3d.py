@@ -1,0 +1,311 @@
+"""S3D: token-identical to HF greedy on every family, the target's distribution when
+sampling, verification that never applies the draft-only adapters, the engine
+round trip, and compile-time training that helps and is deterministic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM
+
+from specc.capture.load import load_model, load_tokenizer
+from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError, UsageError
+from specc.graph.nodes import layer_index
+from specc.methods.descriptor import get_method
+from specc.methods.s3d import S3DConfig
+from specc.methods.s3d.train import draft_parameters, train_draft
+from specc.runtime.context import MethodContext
+from specc.runtime.generate import generate
+from specc.runtime.sampling import SamplingConfig, probabilities
+from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+METHOD = get_method("s3d")
+
+
+def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64) -> Path:
+    """Text the target itself samples (temperature 0.5), written as the tiny tokenizer's words."""
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    torch.manual_seed(1)
+    starts = torch.randint(4, model.config.vocab_size, (sequences, 2))
+    with torch.no_grad():
+        rows = model.generate(starts, do_sample=True, temperature=0.5, max_new_tokens=length, pad_token_id=0,
+                              attention_mask=torch.ones_like(starts)).tolist()
+    path.write_text("\n\n".join(" ".join(f"w{t}" for t in row if t >= 4) for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
+    """(family, backend) -> (engine trained for a few steps, target checkpoint)."""
+    built = {}
+
+    def get(family: str, backend: str = "eager"):
+        if (family, backend) not in built:
+            target = checkpoints(family)[0]
+            root = tmp_path_factory.mktemp(f"s3d-{family}-{backend}")
+            calib = sample_calibration_text(target, root / "calib.txt", sequences=32)
+            # The tiny qwen2 checkpoint's tokenizer loads as Qwen2Tokenizer, which encodes its
+            # word-level text to nothing; losslessness does not depend on the training.
+            training = ["train_steps=0"] if family == "qwen2" else [*TRAIN, f"calib_data={calib}"]
+            compile_engine(CompileRequest(model=str(target), method="s3d", output=root / "engine",
+                                          backend=backend, max_seq_len=MAX_SEQ_LEN, settings=training))
+            built[family, backend] = (load_engine(root / "engine"), target)
+        return built[family, backend]
+
+    return get
+
+
+def assert_identical(generate_ids, target: Path) -> list:
+    return assert_matches_hf_greedy(generate_ids, target, varied_prompts(20, 96, seed=11), MAX_NEW_TOKENS)
+
+
+def runtime(context: MethodContext, config: S3DConfig):
+    """(target, drafter, rounds): `rounds` records (tree, accepted path) of every speculative round."""
+    built = METHOD.build_runtime(context, config)
+    rounds = []
+    observe = built.drafter.observe
+
+    def record(draft, acceptance, verification):
+        if draft is not None:
+            rounds.append((draft.tree, acceptance.path))
+        observe(draft, acceptance, verification)
+
+    built.drafter.observe = record
+    return built.target, built.drafter, rounds
+
+
+# --- losslessness ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_matches_hf_greedy(engines, family):
+    engine, target = engines(family)
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    assert 0 < accepted < drafted, "the draft should be accepted sometimes, rejected sometimes"
+    assert max(r.stats.drafted_tokens / max(1, r.stats.target_forward_passes - 1) for r in results) <= 4
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tree_and_longer_drafts_match_hf_greedy(engines, family):
+    engine, target = engines(family)
+    config = S3DConfig(draft_tokens=6, tree_width=3, tree_threshold=1.0)
+    model, drafter, rounds = runtime(engine.context, config)
+    assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
+    assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
+        "no sibling was ever accepted; the tree lost coverage"
+    assert any(len(path) == 1 for _, path in rounds), "no round was fully rejected"
+
+
+def test_inductor_matches_hf_greedy(engines):
+    engine, target = engines("llama", "inductor")
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+def test_aoti_packages_both_graphs_and_matches_hf_greedy(engines):
+    engine, target = engines("llama", "aoti")
+    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["draft.pt2", "target.pt2"]
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+# --- the target never runs the draft's adapters ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_program(checkpoints):
+    """An in-memory llama S3D program (untrained draft) and its target checkpoint."""
+    target = checkpoints("llama")[0]
+    return build_program({"target": load_model(target)}, METHOD, S3DConfig(), MAX_SEQ_LEN), target
+
+
+def test_verification_never_applies_the_draft_adapters(llama_program):
+    program, target = llama_program
+    verifier = program.graphs["target"].module
+    assert not [name for name, _ in verifier.named_parameters() if name.startswith("draft_")]
+    assert not [n for n in verifier.graph.nodes if n.op == "get_attr" and str(n.target).startswith("draft_")]
+    draft = program.graphs["draft"].module
+    initial = {name: p.detach().clone() for name, p in draft_parameters(draft).items()}
+    try:
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(0)
+            for p in draft_parameters(draft).values():
+                p.copy_(torch.randn(p.shape, generator=generator) * 5.0)   # the draft's K/V are now far off
+        model, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), S3DConfig())
+        assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN),
+                         target)
+        assert rounds and sum(len(path) - 1 for _, path in rounds) < len(rounds)
+    finally:
+        with torch.no_grad():
+            for name, p in draft_parameters(draft).items():
+                p.copy_(initial[name])
+
+
+def test_one_draft_forward_writes_only_kept_layers_at_the_draft_slots(llama_program):
+    program, _ = llama_program
+    model, drafter, _ = runtime(MethodContext.eager(program, MAX_SEQ_LEN), S3DConfig())
+    prompt = torch.tensor(varied_prompts(1, 96, seed=5)[0] + [7, 8, 9])
+    model.prefill(prompt, 0)
+    kept = {layer_index(n) for n in program.graphs["draft"].module.graph.nodes} - {None}
+    assert kept == {0, 2}
+    root = prompt.numel()
+    before = [t.clone() for t in model.cache.tensors]
+    logits = drafter.predict(5, root, 4)
+    assert logits.shape == (4, 96)
+    for index, (old, new) in enumerate(zip(before, model.cache.tensors)):
+        changed = (old != new).any(dim=(0, 1, 3)).nonzero().flatten().tolist()
+        assert changed == (list(range(root, root + 4)) if index // 2 in kept else []), f"cache {index}"
+
+
+# --- sampling keeps the target distribution ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A 16-token model with no EOS and its S3D program (draft adapters nudged off zero)."""
+    checkpoint = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("vocab16") / "model", seed=3,
+                                       vocab_size=16, eos_token_id=None)
+    model = load_model(checkpoint)
+    program = build_program({"target": model}, METHOD, S3DConfig(), MAX_SEQ_LEN)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for p in draft_parameters(program.graphs["draft"].module).values():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model, program
+
+
+def exact_marginals(model, prompt: list[int], sampling: SamplingConfig):
+    """Distributions of the 2nd and 3rd sampled tokens, summed over the earlier ones."""
+    with torch.no_grad():
+        p1 = probabilities(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        vocab = p1.numel()
+        seconds = torch.tensor([prompt + [a] for a in range(vocab)])
+        p2 = probabilities(model(seconds).logits[:, -1], sampling)
+        thirds = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+        p3 = probabilities(model(thirds).logits[:, -1], sampling).view(vocab, vocab, vocab)
+    joint = p1[:, None] * p2
+    return joint.sum(0), (joint[:, :, None] * p3).sum((0, 1))
+
+
+def assert_distribution(counts: torch.Tensor, expected: torch.Tensor, label: str) -> None:
+    """Chi-square goodness of fit; cells expecting fewer than 5 samples are pooled."""
+    n = counts.sum()
+    impossible = expected == 0
+    assert counts[impossible].sum() == 0, f"{label}: sampled a token the target gives probability 0"
+    frequent = expected * n >= 5
+    rare = ~frequent & ~impossible
+    observed = torch.cat([counts[frequent], counts[rare].sum()[None]]).double()
+    wanted = torch.cat([expected[frequent], expected[rare].sum()[None]]).double()
+    observed, wanted = observed[wanted > 0], wanted[wanted > 0]
+    result = chisquare(observed.numpy(), (wanted / wanted.sum() * n).numpy())
+    assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
+
+
+@pytest.mark.parametrize("variant,sampling", [
+    ("chain", SamplingConfig(temperature=1.0)),
+    ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
+])
+def test_sampling_matches_the_target_distribution(small_vocab, variant, sampling):
+    model, program = small_vocab
+    config = S3DConfig(draft_tokens=2, tree_width=3 if variant == "tree" else 1, tree_threshold=1.0)
+    target, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), config)
+    prompt = [5, 9, 7]
+    counts = torch.zeros(2, 16)
+    for seed in range(1200):
+        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
+        tokens = generate(target, drafter, prompt, 3, run, MAX_SEQ_LEN).token_ids
+        counts[0, tokens[1]] += 1
+        counts[1, tokens[2]] += 1
+    second, third = exact_marginals(model, prompt, sampling)
+    assert_distribution(counts[0], second, "second token")
+    assert_distribution(counts[1], third, "third token")
+    accepted = [len(path) - 1 for _, path in rounds]
+    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+
+
+# --- the engine ------------------------------------------------------------------
+
+
+def test_engine_stores_the_draft_parameters_once_with_its_report(engines):
+    engine, _ = engines("llama")
+    assert set(engine.manifest["graphs"]) == {"target", "draft"}
+    source = load_file(str(engine.path / "weights" / "target.safetensors"))
+    added = load_file(str(engine.path / "weights" / "added.safetensors"))
+    assert "draft_mask_token.weight" in added and any(name.startswith("draft_lora.") for name in added)
+    assert all(name.startswith(("draft_lora.", "draft_mask_token.")) for name in added)
+    assert not any(name.startswith("draft_") for name in source)
+    assert any(added[name].any() for name in added if name.endswith("lora_b")), "training should move B off zero"
+    state = engine.method_state
+    assert state["skipped_layers"] == [1, 1] and state["kept_layers"] == [0, 2] and state["draft_tokens"] == 4
+    agreement = state["heldout_agreement_by_position"]
+    assert len(agreement["before"]) == len(agreement["after"]) == 4
+    assert state["training"]["steps"] == 40 and state["training"]["seconds"] > 0 and state["train_seconds"] > 0
+    passes = [r["pass_name"] for r in engine.manifest["passes"] if r["graph"] == "draft"]
+    assert passes[-3:] == ["skip_middle_layers", "insert_mask_tokens", "attach_draft_lora"]
+
+
+def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):
+    for bad in ("draft_tokens=0", "skip_ratio=1.0", "skip_layers=0,1", "skip_layers=3", "lora_rank=0",
+                "tree_width=0", "train_seq_len=1"):
+        with pytest.raises(UsageError, match=bad.split("=")[0]):
+            S3DConfig.from_assignments([bad])
+    request = CompileRequest(model=str(checkpoints("llama")[0]), method="s3d", output=tmp_path / "engine",
+                             settings=["skip_layers=1,2", "train_steps=0"])
+    with pytest.raises(SpeccError, match="--set skip_layers=1,2 must keep the last layer"):
+        compile_engine(request)
+
+
+# --- compile-time training --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainable(checkpoints, tmp_path_factory):
+    """A llama S3D program (adapters on the MLP too), its initial draft parameters, tokenizer, calibration."""
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256)
+    config = S3DConfig(lora_mlp=True)
+    program = build_program({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in draft_parameters(program.graphs["draft"].module).items()}
+    return program, initial, load_tokenizer(target), calib
+
+
+def train_from_initial(trainable, *settings: str):
+    program, initial, tokenizer, calib = trainable
+    with torch.no_grad():
+        for name, p in draft_parameters(program.graphs["draft"].module).items():
+            p.copy_(initial[name])
+    config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", "lora_mlp=true", *settings])
+    return train_draft(program, config, tokenizer)
+
+
+def test_training_lowers_loss_and_raises_heldout_agreement(trainable):
+    result = train_from_initial(trainable, "train_steps=400", "learning_rate=1e-2", "eval_every=200")
+    heldout = result.state["training"]["heldout"]
+    assert heldout[-1]["loss"] < heldout[0]["loss"] - 0.1
+    assert result.state["training"]["train_loss_last"] < result.state["training"]["train_loss_first"]
+    by_position = result.state["heldout_agreement_by_position"]
+    before, after = by_position["before"], by_position["after"]
+    assert sum(after) > sum(before)
+    assert sum(after[1:]) > sum(before[1:]), "the mask positions should improve"
+
+
+def test_training_is_deterministic_for_a_seed(trainable):
+    first = train_from_initial(trainable, "train_steps=12", "seed=5")
+    again = train_from_initial(trainable, "train_steps=12", "seed=5")
+    other = train_from_initial(trainable, "train_steps=12", "seed=6")
+    names = list(first.weights)
+    assert all(torch.equal(first.weights[name], again.weights[name]) for name in names)
+    assert first.state["heldout_agreement_by_position"] == again.state["heldout_agreement_by_position"]
+    assert not all(torch.equal(first.weights[name], other.weights[name]) for name in names)

@@ -1,0 +1,206 @@
+"""SpecEE: lossless mode token-identical to HF greedy on every family (both KV policies),
+the target's distribution when sampling, the lossy `ar` mode's exits and its
+exactness when nothing exits, the engine round trip and the compile-time report."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from specc.capture.load import load_model, load_tokenizer
+from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.engine.loaded import load_engine
+from specc.errors import UsageError
+from specc.methods.descriptor import get_method
+from specc.methods.specee import SpecEEConfig
+from specc.methods.specee.config import SCHEDULE_KEY
+from specc.methods.specee.runtime import build_runtime
+from specc.methods.specee.train import train_specee
+from specc.runtime.context import MethodContext
+from specc.runtime.generate import generate
+from specc.runtime.sampling import SamplingConfig
+from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+TRAIN = dict(train_steps=20, train_windows=8, predictor_windows=4, eval_sequences=2, predictor_epochs=3,
+             train_seq_len=32, eval_every=10)
+# Exits must happen for the tests to mean anything: a low threshold and every layer scheduled.
+EXITING = dict(exit_threshold=0.001, offline_layers=64)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def programs(checkpoints):
+    """family -> (checkpoint, trained program, manifest state), trained once with tiny settings."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            target = checkpoints(family)[0]
+            config = SpecEEConfig(**TRAIN)
+            program = build_program({"target": load_model(target)}, get_method("specee"), config, MAX_SEQ_LEN)
+            # The tiny qwen2 tokenizer encodes the built-in corpus to nothing: its heads stay untrained.
+            state = ({} if family == "qwen2" else
+                     train_specee(program, config, load_tokenizer(target)).state)
+            built[family] = (target, program, state)
+        return built[family]
+
+    return get
+
+
+def runtime(program, state, **settings):
+    config = SpecEEConfig(**{**TRAIN, **EXITING, **settings})
+    built = build_runtime(MethodContext.eager(program, MAX_SEQ_LEN, state=state), config)
+    return built.target, built.drafter, config
+
+
+def early_exit_of(target, drafter):
+    return (drafter or target).early
+
+
+def assert_identical(target, drafter, checkpoint: Path):
+    return assert_matches_hf_greedy(
+        lambda ids: generate(target, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN),
+        checkpoint, varied_prompts(16, 96, seed=11), MAX_NEW_TOKENS)
+
+
+# --- lossless mode ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lossless_matches_hf_greedy(programs, one_thread, family):
+    checkpoint, program, state = programs(family)
+    target, drafter, _ = runtime(program, state)
+    results = assert_identical(target, drafter, checkpoint)
+    exits = early_exit_of(target, drafter).exit_layers
+    layers = early_exit_of(target, drafter).layerwise.num_layers
+    assert any(e < layers - 1 for e in exits), "no token exited early: the test lost its meaning"
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert 0 < accepted < sum(r.stats.drafted_tokens for r in results)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_lossless_with_the_mask_policy_matches_hf_greedy(programs, one_thread, family):
+    checkpoint, program, state = programs(family)
+    target, drafter, _ = runtime(program, state, kv_policy="mask")
+    assert_identical(target, drafter, checkpoint)
+    assert bool(drafter.early.missing.any()) or any(
+        e < drafter.early.layerwise.num_layers - 1 for e in drafter.early.exit_layers)
+
+
+def test_lossless_sampling_matches_the_target_distribution(tmp_path, one_thread):
+    from tests.methods.test_kangaroo import assert_distribution, exact_marginals
+
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "model", seed=3, vocab_size=16, eos_token_id=None,
+                                       num_hidden_layers=4)
+    model = load_model(checkpoint)
+    program = build_program({"target": model}, get_method("specee"), SpecEEConfig(candidates=2), MAX_SEQ_LEN)
+    target, drafter, _ = runtime(program, {}, candidates=2, max_draft_steps=2)
+    sampling = SamplingConfig(temperature=1.0)
+    prompt, counts = [5, 9, 7], torch.zeros(2, 16)
+    for seed in range(1000):
+        tokens = generate(target, drafter, prompt, 3, dataclasses.replace(sampling, seed=seed), MAX_SEQ_LEN).token_ids
+        counts[0, tokens[1]] += 1
+        counts[1, tokens[2]] += 1
+    second, third = exact_marginals(model, prompt, sampling)
+    assert_distribution(counts[0], second, "second token")
+    assert_distribution(counts[1], third, "third token")
+    assert any(e < 3 for e in drafter.early.exit_layers)
+
+
+# --- ar mode (lossy) --------------------------------------------------------------
+
+
+def test_ar_mode_without_exits_is_the_target(programs, one_thread):
+    checkpoint, program, state = programs("llama")
+    target, drafter, _ = runtime(program, state, mode="ar", exit_threshold=0.999999, offline_layers=1,
+                                 online_tokens=0)
+    assert drafter is None
+    # Scores never pass 0.999999 for these predictors, so every token runs every layer.
+    assert_identical(target, None, checkpoint)
+    assert set(target.early.exit_layers) == {target.early.layerwise.num_layers - 1}
+
+
+@pytest.mark.parametrize("kv_policy", ["propagate", "mask"])
+def test_ar_mode_exits_early_and_emits_the_exit_layers_token(programs, one_thread, kv_policy):
+    checkpoint, program, state = programs("llama")
+    target, _, _ = runtime(program, state, mode="ar", kv_policy=kv_policy)
+    result = generate(target, None, [5, 9, 7, 11], MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN)
+    exits = target.early.exit_layers
+    assert len(result.token_ids) >= 1 and len(exits) == result.stats.target_forward_passes - 1
+    assert any(e < target.early.layerwise.num_layers - 1 for e in exits)
+
+
+def test_the_online_schedule_adds_a_window_around_recent_exits():
+    from specc.methods.specee.early_exit import ExitSchedule
+
+    schedule = ExitSchedule(offline=(5,), scored=tuple(range(1, 11)), online_tokens=2)
+    assert schedule.layers() == {5}
+    schedule.record(3)
+    assert schedule.layers() == {1, 3, 5}
+    schedule.record(9)
+    schedule.record(8)          # only the last two tokens count
+    assert schedule.layers() == {5, 6, 7, 8, 9, 10}
+    schedule.record(11)         # no exit (the last layer) is not a scored layer: ignored
+    assert schedule.layers() == {5, 6, 7, 8, 9, 10}
+
+
+# --- the engine and compile-time report -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints, tmp_path_factory):
+    target = checkpoints("llama")[0]
+    out = tmp_path_factory.mktemp("specee-engine") / "engine"
+    settings = [f"{k}={v}" for k, v in TRAIN.items()]
+    compile_engine(CompileRequest(model=str(target), method="specee", output=out, max_seq_len=MAX_SEQ_LEN,
+                                  settings=settings))
+    return load_engine(out), target
+
+
+def test_engine_round_trip_is_lossless_and_records_the_schedule(engine, one_thread):
+    loaded, target = engine
+    assert set(loaded.manifest["graphs"]) == {"verify", "layerwise", "draft_head"}
+    assert loaded.manifest["lossless"] is True
+    schedule = loaded.manifest["method_state"][SCHEDULE_KEY]
+    assert schedule["offline"] and set(schedule["histogram"]) and 0.0 <= schedule["heldout"]["agreement"] <= 1.0
+    assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
+                             varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
+
+
+def test_ar_engines_are_marked_lossy(checkpoints, tmp_path):
+    target = checkpoints("llama")[0]
+    settings = [f"{k}={v}" for k, v in TRAIN.items()] + ["mode=ar", "train_steps=0"]
+    report = compile_engine(CompileRequest(model=str(target), method="specee", output=tmp_path / "e",
+                                           max_seq_len=MAX_SEQ_LEN, settings=settings))
+    assert report["lossless"] is False
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(UsageError, match="mode="):
+        SpecEEConfig(mode="tree-ish")
+    with pytest.raises(UsageError, match="kv_policy="):
+        SpecEEConfig(kv_policy="drop")
+
+
+@pytest.mark.parametrize("backend", ["inductor", pytest.param("aoti", marks=pytest.mark.slow)])
+def test_compiled_segments_match_hf_greedy(checkpoints, tmp_path, one_thread, backend):
+    target = checkpoints("llama")[0]
+    settings = [f"{k}={v}" for k, v in {**TRAIN, **EXITING}.items()]
+    compile_engine(CompileRequest(model=str(target), method="specee", output=tmp_path / "e", backend=backend,
+                                  max_seq_len=MAX_SEQ_LEN, settings=settings))
+    loaded = load_engine(tmp_path / "e")
+    assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
+                             varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
+    assert any(e < 2 for e in loaded.runtime.drafter.early.exit_layers)
