@@ -243,8 +243,8 @@ def _workload_flags(settings: dict) -> str:
 def markdown_table(suite: dict) -> str:
     settings = suite["settings"]
     tag, changed = settings.get("tag"), settings.get("method_settings") or {}
-    variant = "" if not tag else f", variant `{tag}` (" + "; ".join(
-        f"{m}: {', '.join(fields)}" for m, fields in changed.items()) + ")"
+    changes = "; ".join(f"{m}: {', '.join(fields)}" for m, fields in changed.items())
+    variant = "" if not tag else f", variant `{tag}`" + (f" ({changes})" if changes else "")
     lines = [
         f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}{variant}.** "
         f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}; "

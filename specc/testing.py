@@ -181,3 +181,40 @@ def assert_matches_hf_greedy(generate_ids, checkpoint: Path, prompts: list[list[
     assert any(len(w) < max_new_tokens for w in expected), "no prompt hit EOS; the test lost coverage"
     assert any(len(w) == max_new_tokens for w in expected), "no prompt hit max length"
     return results
+
+
+# --- sampling-distribution helpers -------------------------------------------
+
+
+def exact_marginals(model, prompt: list[int], sampling):
+    """Distributions of the 2nd and 3rd sampled tokens, summed over the earlier ones."""
+    import torch
+
+    from specc.runtime.sampling import probabilities
+
+    with torch.no_grad():
+        p1 = probabilities(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        vocab = p1.numel()
+        seconds = torch.tensor([prompt + [a] for a in range(vocab)])
+        p2 = probabilities(model(seconds).logits[:, -1], sampling)
+        thirds = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+        p3 = probabilities(model(thirds).logits[:, -1], sampling).view(vocab, vocab, vocab)
+    joint = p1[:, None] * p2
+    return joint.sum(0), (joint[:, :, None] * p3).sum((0, 1))
+
+
+def assert_distribution(counts, expected, label: str) -> None:
+    """Chi-square goodness of fit; cells expecting fewer than 5 samples are pooled."""
+    import torch
+    from scipy.stats import chisquare
+
+    n = counts.sum()
+    impossible = expected == 0
+    assert counts[impossible].sum() == 0, f"{label}: sampled a token the target gives probability 0"
+    frequent = expected * n >= 5
+    rare = ~frequent & ~impossible
+    observed = torch.cat([counts[frequent], counts[rare].sum()[None]]).double()
+    wanted = torch.cat([expected[frequent], expected[rare].sum()[None]]).double()
+    observed, wanted = observed[wanted > 0], wanted[wanted > 0]
+    result = chisquare(observed.numpy(), (wanted / wanted.sum() * n).numpy())
+    assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"

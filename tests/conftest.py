@@ -36,3 +36,21 @@ def checkpoints(tmp_path_factory):
         return cache[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def prompt_lookup_method():
+    """The example method of examples/prompt_lookup registered in-process (its entry point is tested
+    separately, in tests/examples)."""
+    import sys
+
+    from specc.methods import descriptor
+
+    path = str(Path(__file__).resolve().parents[1] / "examples" / "prompt_lookup")
+    sys.path.insert(0, path)
+    try:
+        from specc_prompt_lookup import METHOD
+    finally:
+        sys.path.remove(path)
+    descriptor._discover()
+    return descriptor.register(METHOD)

@@ -14,7 +14,6 @@ import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.methods import descriptor
 from specc.testing import assert_matches_hf_greedy, hf_greedy, varied_prompts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -23,16 +22,6 @@ MAX_NEW_TOKENS = 24
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def prompt_lookup_method():
-    """The example method registered in-process (the entry point is tested separately)."""
-    sys.path.insert(0, str(PROMPT_LOOKUP))
-    try:
-        from specc_prompt_lookup import METHOD
-    finally:
-        sys.path.remove(str(PROMPT_LOOKUP))
-    descriptor._discover()
-    return descriptor.register(METHOD)
 
 
 @pytest.mark.parametrize("settings", [["max_ngram=3"], ["max_ngram=2", "tree_width=3"]])

@@ -20,14 +20,12 @@ from specc.errors import SpeccError, UsageError
 from specc.inspect_engine import inspect_engine
 from specc.lower.onnx import check_exportable_ops
 from specc.lower.onnx_session import OnnxSessionGraph
-from specc.methods import descriptor
 from specc.testing import FAMILIES, assert_matches_hf_greedy, varied_prompts
 
 ort = pytest.importorskip("onnxruntime", reason="the onnx backend needs pip install 'specc[onnx]'")
 
 MAX_NEW_TOKENS = 24   # the tiny checkpoints' EOS was picked for 24 new tokens
 NUM_PROMPTS = 20
-PROMPT_LOOKUP = Path(__file__).resolve().parents[2] / "examples" / "prompt_lookup"
 
 
 def compile_onnx(checkpoint: Path, output: Path, method: str = "none", settings=()) -> dict:
@@ -54,16 +52,6 @@ def none_engines(checkpoints, tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="module")
-def prompt_lookup_method():
-    """The example method registered in-process (as tests/examples does)."""
-    sys.path.insert(0, str(PROMPT_LOOKUP))
-    try:
-        from specc_prompt_lookup import METHOD
-    finally:
-        sys.path.remove(str(PROMPT_LOOKUP))
-    descriptor._discover()
-    return descriptor.register(METHOD)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from specc.capture.load import load_model, load_tokenizer
@@ -22,8 +21,9 @@ from specc.methods.s3d import S3DConfig
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+from specc.runtime.sampling import SamplingConfig
+from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
+                           exact_marginals, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -184,33 +184,6 @@ def small_vocab(tmp_path_factory):
         for p in draft_parameters(program.graphs["draft"].module).values():
             p.add_(torch.randn(p.shape, generator=generator) * 0.1)
     return model, program
-
-
-def exact_marginals(model, prompt: list[int], sampling: SamplingConfig):
-    """Distributions of the 2nd and 3rd sampled tokens, summed over the earlier ones."""
-    with torch.no_grad():
-        p1 = probabilities(model(torch.tensor([prompt])).logits[0, -1], sampling)
-        vocab = p1.numel()
-        seconds = torch.tensor([prompt + [a] for a in range(vocab)])
-        p2 = probabilities(model(seconds).logits[:, -1], sampling)
-        thirds = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
-        p3 = probabilities(model(thirds).logits[:, -1], sampling).view(vocab, vocab, vocab)
-    joint = p1[:, None] * p2
-    return joint.sum(0), (joint[:, :, None] * p3).sum((0, 1))
-
-
-def assert_distribution(counts: torch.Tensor, expected: torch.Tensor, label: str) -> None:
-    """Chi-square goodness of fit; cells expecting fewer than 5 samples are pooled."""
-    n = counts.sum()
-    impossible = expected == 0
-    assert counts[impossible].sum() == 0, f"{label}: sampled a token the target gives probability 0"
-    frequent = expected * n >= 5
-    rare = ~frequent & ~impossible
-    observed = torch.cat([counts[frequent], counts[rare].sum()[None]]).double()
-    wanted = torch.cat([expected[frequent], expected[rare].sum()[None]]).double()
-    observed, wanted = observed[wanted > 0], wanted[wanted > 0]
-    result = chisquare(observed.numpy(), (wanted / wanted.sum() * n).numpy())
-    assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
 
 
 @pytest.mark.parametrize("variant,sampling", [

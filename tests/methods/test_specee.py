@@ -22,7 +22,8 @@ from specc.methods.specee.train import train_specee
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
+                           exact_marginals, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -100,8 +101,6 @@ def test_lossless_with_the_mask_policy_matches_hf_greedy(programs, one_thread, f
 
 
 def test_lossless_sampling_matches_the_target_distribution(tmp_path, one_thread):
-    from tests.methods.test_kangaroo import assert_distribution, exact_marginals
-
     checkpoint = build_tiny_checkpoint("llama", tmp_path / "model", seed=3, vocab_size=16, eos_token_id=None,
                                        num_hidden_layers=4)
     model = load_model(checkpoint)
@@ -204,3 +203,17 @@ def test_compiled_segments_match_hf_greedy(checkpoints, tmp_path, one_thread, ba
     assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
                              varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
     assert any(e < 2 for e in loaded.runtime.drafter.early.exit_layers)
+
+
+def test_lossless_verifies_only_the_rows_after_the_first_exit(programs, one_thread):
+    """With no exits every step is exact: each round's verification runs one row (the last token)."""
+    checkpoint, program, state = programs("llama")
+    target, drafter, _ = runtime(program, state, exit_threshold=0.999999, offline_layers=1, online_tokens=0)
+    rows = []
+    forward = target.full.forward_fn
+    target.full.forward_fn = lambda tokens, *rest: rows.append(tokens.shape[1]) or forward(tokens, *rest)
+    results = assert_identical(target, drafter, checkpoint)
+    assert set(drafter.early.exit_layers) == {drafter.early.layerwise.num_layers - 1}
+    rounds = sum(r.stats.target_forward_passes for r in results) - len(results)   # minus the prefills
+    prompt_rows = sum(len(ids) for ids in varied_prompts(16, 96, seed=11))
+    assert sum(rows) == prompt_rows + rounds, "a round verified rows its drafter had computed exactly"

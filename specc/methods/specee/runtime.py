@@ -7,10 +7,14 @@ layer) and `draft_head`. `verify` and `layerwise` share one KV cache.
 - `ar` (the paper's public path): after the prompt, every token is one
   early-exit step and is emitted unverified — lossy; quality is reported
   against the dense model.
-- `lossless` (beyond the paper): early-exit steps draft a chain until a
-  step finds no exit (or `max_draft_steps`); one `verify` forward checks
-  it and rewrites every drafted slot's K/V with the full model's, so the
-  output is the target's, greedy or sampled.
+- `lossless` (beyond the paper): early-exit steps draft a chain. A step
+  that runs every layer on an exact context is itself exact (its token is
+  the target's and its K/V the full model's), so the leading steps of a
+  round that found no exit need no verification; from the first exit on
+  the chain is a draft. Drafting stops at the first step after an exit
+  that finds none (or at `max_draft_steps`), and one `verify` forward runs
+  only the rows from the first exited step on, rewriting their K/V with
+  the full model's: the output is the target's, greedy or sampled.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from specc.runtime.verification import Verification
 from specc.runtime.warm_up import untaken_size
 
 FEATURE = "final_hidden"
+EXACT_LOGITS, EXACT_FEATURES = "exact_logits", "exact_features"   # Draft.extras of the leading exact nodes
 DEFAULT_THRESHOLD = 0.5   # the paper's, for an engine whose threshold was never calibrated
 
 
@@ -39,7 +44,7 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
     early = build_early_exit(ctx, config, full)
     if config.mode == "ar":
         return MethodRuntime(EarlyExitTarget(full, early))
-    return MethodRuntime(full, EarlyExitDrafter(early, config.max_draft_steps))
+    return MethodRuntime(PartialVerifier(full), EarlyExitDrafter(early, config.max_draft_steps))
 
 
 def build_early_exit(ctx: MethodContext, config: SpecEEConfig, full: CachedModel) -> EarlyExit:
@@ -100,6 +105,41 @@ class EarlyExitTarget:
         return verification
 
 
+class PartialVerifier:
+    """The full target, verifying only the draft rows the drafter could not compute exactly.
+
+    The draft's extras carry the logits and top-layer features of its leading
+    exact nodes (`EXACT_LOGITS`, `EXACT_FEATURES`); the `verify` graph runs on
+    the remaining nodes only, as a causal chunk after them."""
+
+    def __init__(self, full: CachedModel):
+        self.full = full
+        self.device = full.device
+        self.architecture = full.architecture
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.full.max_seq_len
+
+    def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
+        return self.full.prefill(tokens, start)
+
+    def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
+        if draft.tree.spec.widths != (1,) * draft.tree.spec.depth:
+            raise SpeccError("specee drafts chains; a tree reached its verifier")
+        exact = draft.extras.get(EXACT_LOGITS)
+        known = 0 if exact is None else exact.shape[0]
+        rest = self.full.prefill(draft.node_tokens[known:], prefix_len + known)
+        if known == 0:
+            return rest
+        slots = torch.arange(prefix_len, prefix_len + draft.node_tokens.numel(), device=self.device)
+        features = torch.cat([draft.extras[EXACT_FEATURES], rest.extras[FEATURE]])
+        return Verification(torch.cat([exact, rest.logits]), {FEATURE: features}, slots)
+
+    def commit(self, base: int, accepted_offsets: list[int]) -> None:
+        self.full.commit(base, accepted_offsets)
+
+
 class EarlyExitDrafter:
     """`lossless` mode: early-exit tokens are a chain the full model verifies."""
 
@@ -127,21 +167,29 @@ class EarlyExitDrafter:
             return None
         prefix_len = len(tokens) - 1
         chain, probs, feature = [tokens[-1]], [], self.feature
+        exact_logits, exact_hidden, exited = [], [], False
+        last_layer = self.early.layerwise.num_layers - 1
         for depth in range(depth_limit):
             result = self.early.step(chain[-1], prefix_len + depth, feature)
-            logits = result.logits[0, -1]
+            logits, feature = result.logits[0, -1], result.hidden[0, -1]
+            ran_every_layer = result.exit_layer == last_layer
+            if ran_every_layer and not exited:
+                exact_logits.append(logits)
+                exact_hidden.append(feature)
             if sampling.greedy:
                 chain.append(int(logits.argmax()))
             else:
                 q = probabilities(logits, sampling)
                 chain.append(sample(q, generator))
                 probs.append(q)
-            feature = result.hidden[0, -1]
-            if result.exit_layer == self.early.layerwise.num_layers - 1:
+            if ran_every_layer and exited:
                 break
-        device = self.early.device
+            exited = exited or not ran_every_layer
         tree = tree_tensors(TreeSpec.chain(len(chain) - 1))
-        return Draft(tree, torch.tensor(chain, device=device), torch.stack(probs) if probs else None)
+        extras = {EXACT_LOGITS: torch.stack(exact_logits), EXACT_FEATURES: torch.stack(exact_hidden)} \
+            if exact_logits else {}
+        return Draft(tree, torch.tensor(chain, device=self.early.device), torch.stack(probs) if probs else None,
+                     extras)
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self.early.written_by_full_model(verification.slots)

@@ -207,7 +207,6 @@ def _exit_layers(gm, layers, samples: _Samples, schedule, threshold: float, last
 
 def _schedule(gm, layers, train: _Samples, heldout: _Samples, config: SpecEEConfig, arch) -> dict:
     last = arch.num_layers - 1
-    everywhere = set(layers)
     threshold, exits = _calibrated_threshold(gm, layers, train, config, last)
     histogram = {int(l): int((exits == l).sum()) for l in layers}
     size = config.offline_layers or max(1, arch.num_layers // 4)

@@ -1,0 +1,107 @@
+"""Quality of a lossy early-exit engine (SpecEE `mode=ar`) against the dense model.
+
+On the same prompts as `specc bench`, for each prompt:
+
+- teacher-forced agreement: the dense model's greedy continuation is fed
+  token by token through the engine's own early-exit steps (its KV policy
+  and online schedule included); the share of positions where the engine's
+  token equals the dense one;
+- tokens before the first divergence of the engine's free-running greedy
+  output from Hugging Face greedy;
+- mean layers executed per early-exit step.
+
+    python benchmarks/early_exit_quality.py ENGINE [--prompts spec_bench] [--num-prompts 8]
+        [--max-new-tokens 48] [--set kv_policy=mask] [--output FILE.json]
+
+`--set KEY=VALUE` overrides a run-time field of the engine's method config
+(e.g. the KV policy or the threshold) without recompiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine", type=Path)
+    parser.add_argument("--prompts", default="spec_bench")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    report = measure(args.engine, args.prompts, args.num_prompts, args.max_new_tokens, args.settings)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+    return 0
+
+
+def measure(engine_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int,
+            settings: list[str] = ()) -> dict:
+    from specc.bench.baselines import source_checkpoint
+    from specc.bench.harness import _encode_fitting
+    from specc.bench.prompts import load_prompt_set
+    from specc.engine.loaded import load_engine
+    from specc.testing import hf_greedy
+
+    engine = load_engine(engine_dir)
+    if settings:
+        stored = [f"{key}={value}" for key, value in engine.config.to_json().items() if value is not None]
+        engine.config = engine.method.config_class.from_assignments(stored + list(settings))
+        engine.runtime = engine.method.build_runtime(engine.context, engine.config)
+    target = engine.runtime.target
+    if engine.runtime.drafter is not None or not hasattr(target, "early"):
+        raise SystemExit(f"{engine_dir} is not a lossy early-exit engine (specee mode=ar)")
+    _, prompt_ids, _ = _encode_fitting(engine, load_prompt_set(prompts, num_prompts), max_new_tokens)
+    dense = hf_greedy(source_checkpoint(engine.manifest), prompt_ids, max_new_tokens)
+    rows = []
+    for ids, reference in zip(prompt_ids, dense):
+        agreement, layers = teacher_forced(target, ids, reference)
+        free = engine.generate_ids(ids, max_new_tokens).token_ids
+        rows.append({"positions": len(reference) - 1, "agreement": agreement,
+                     "tokens_before_divergence": first_divergence(free, reference),
+                     "mean_layers_executed": layers})
+    total = sum(r["positions"] for r in rows)
+    return {
+        "engine": str(engine_dir), "method_config": engine.config.to_json(),
+        "prompts": prompts, "num_prompts": len(rows), "max_new_tokens": max_new_tokens,
+        "num_layers": target.early.layerwise.num_layers,
+        "teacher_forced_agreement": round(sum(r["agreement"] * r["positions"] for r in rows) / total, 4),
+        "mean_tokens_before_divergence": round(sum(r["tokens_before_divergence"] for r in rows) / len(rows), 2),
+        "identical_prompts": sum(r["tokens_before_divergence"] == len(d) for r, d in zip(rows, dense)),
+        "mean_layers_executed": round(sum(r["mean_layers_executed"] * r["positions"] for r in rows) / total, 3),
+        "per_prompt": rows,
+    }
+
+
+def teacher_forced(target, prompt: list[int], reference: list[int]) -> tuple[float, float]:
+    """Feed the dense continuation through the engine's early-exit steps; (agreement, mean layers)."""
+    with torch.inference_mode():
+        target.prefill(torch.tensor(prompt), 0)
+        target.early.take_report()
+        agree = 0
+        for i, token in enumerate(reference[:-1]):
+            logits = target.prefill(torch.tensor([token]), len(prompt) + i).logits
+            agree += int(logits[-1].argmax()) == reference[i + 1]
+        report = target.early.take_report()
+    positions = max(1, len(reference) - 1)
+    return agree / positions, report["mean_layers_executed"] or float(report["num_layers"])
+
+
+def first_divergence(output: list[int], reference: list[int]) -> int:
+    for i, (a, b) in enumerate(zip(output, reference)):
+        if a != b:
+            return i
+    return min(len(output), len(reference))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/early_exit_quality.py: a lossy SpecEE engine's quality against the dense model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from specc.compiler import CompileRequest, compile_engine
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "early_exit_quality.py"
+TRAIN = ["train_steps=10", "train_windows=4", "predictor_windows=2", "eval_sequences=2", "predictor_epochs=2",
+         "train_seq_len=32", "mode=ar", "offline_layers=4"]
+
+
+@pytest.fixture(scope="module")
+def quality():
+    spec = importlib.util.spec_from_file_location("early_exit_quality", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def engine(checkpoints, directory: Path, threshold: float) -> Path:
+    compile_engine(CompileRequest(model=str(checkpoints("llama")[0]), method="specee", output=directory,
+                                  max_seq_len=96, settings=TRAIN + [f"exit_threshold={threshold}"]))
+    return directory
+
+
+def test_an_engine_that_never_exits_agrees_everywhere(quality, checkpoints, tmp_path):
+    report = quality.measure(engine(checkpoints, tmp_path / "e", 0.999999), "code", 3, 12)
+    assert report["teacher_forced_agreement"] == 1.0
+    assert report["identical_prompts"] == report["num_prompts"] == 3
+    assert report["mean_layers_executed"] == report["num_layers"]
+
+
+def test_an_exiting_engine_reports_fewer_layers(quality, checkpoints, tmp_path):
+    report = quality.measure(engine(checkpoints, tmp_path / "e", 0.001), "code", 3, 12)
+    assert report["mean_layers_executed"] < report["num_layers"]
+    assert 0.0 <= report["teacher_forced_agreement"] <= 1.0
+    assert all(0 <= row["tokens_before_divergence"] <= 12 for row in report["per_prompt"])
