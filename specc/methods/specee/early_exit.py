@@ -79,6 +79,7 @@ class EarlyExit:
         # `mask` policy: which slots a layer holds no K/V for (their token exited below it).
         self.missing = torch.zeros(layerwise.num_layers, cache.max_seq_len + 1, dtype=torch.bool, device=device)
         self.exit_layers: list[int] = []   # every early-exit step's last layer, across sequences
+        self.guard_checks = 0              # full-head evaluations after a predictor fired
 
     def reset(self) -> None:
         """A new sequence: no slot is missing anywhere, no recent exits."""
@@ -99,6 +100,7 @@ class EarlyExit:
                 return self.layerwise.head(hidden, inputs) if layer == force_exit else None
             if layer not in scheduled or float(score) <= self.threshold:
                 return None
+            self.guard_checks += 1
             logits = self.layerwise.head(hidden, inputs)
             return logits if bool((candidates == logits[0, -1].argmax()).any()) else None
 
@@ -114,8 +116,9 @@ class EarlyExit:
     def take_report(self) -> dict:
         """Early-exit steps since the last report: each one's layers executed, and their mean."""
         executed = [layer + 1 for layer in self.exit_layers]
-        self.exit_layers = []
-        return {"early_exit_steps": len(executed), "layers_executed": executed,
+        guard_checks, self.exit_layers, self.guard_checks = self.guard_checks, [], 0
+        return {"early_exit_steps": len(executed), "guard_checks": guard_checks,
+                "exits": sum(layer < self.layerwise.num_layers for layer in executed), "layers_executed": executed,
                 "mean_layers_executed": round(sum(executed) / len(executed), 3) if executed else None,
                 "num_layers": self.layerwise.num_layers}
 

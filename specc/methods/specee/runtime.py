@@ -224,4 +224,4 @@ def _warm_up(early: EarlyExit, full: CachedModel) -> None:
         early.step(0, slot, torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype),
                    force_exit=early.layerwise.scored_layers[0])
     early.reset()
-    early.exit_layers.clear()
+    early.take_report()   # the warm-up step is not part of any generation
