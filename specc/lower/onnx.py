@@ -21,7 +21,9 @@ first call). Verification always runs the ONNX graph.
 
 Graphs calling custom operators (`torch.library.custom_op`) export only if
 `ONNX_TRANSLATIONS` maps the operator to an onnxscript function; otherwise
-packaging stops with an error naming the operator.
+packaging stops with an error naming the operator. specc's own
+`specc::tree_attention` (`--kernels`) is translated by `onnx_kernels`;
+`specc::greedy_accept` needs no translation, as it is never inside a graph.
 """
 
 from __future__ import annotations
@@ -39,16 +41,18 @@ import torch.fx as fx
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import output_node
 from specc.graph.signature import dynamic_dims, example_inputs
+from specc.kernels import KERNELS
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.inductor import compile_dynamic
 from specc.lower.onnx_cache_rows import expose_cache_writes
+from specc.lower.onnx_kernels import tree_attention as tree_attention_onnx
 from specc.lower.onnx_session import ROWS_SUFFIX, OnnxSessionGraph, execution_providers, import_onnxruntime
 
 log = logging.getLogger("specc")
 
 # Custom operator (OpOverload or OpOverloadPacket) -> onnxscript function, passed to the exporter
 # as its `custom_translation_table`; packages providing custom kernels register theirs here.
-ONNX_TRANSLATIONS: dict = {}
+ONNX_TRANSLATIONS: dict = {KERNELS["tree_attention"].op: tree_attention_onnx}
 _EXPORTABLE_NAMESPACES = ("aten", "prims")
 _EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
