@@ -31,8 +31,8 @@ from specc.runtime.stats import GenerationStats
 # Method config fields that bound the draft tokens per round (γ). For a
 # drafter that may stop early, γ is the bound and an early stop counts as a
 # rejection in the α_k measured from CTAR, so τ still matches the rounds.
-DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "max_draft_tokens", "max_draft_steps", "draft_depth", "gamma",
-                      "num_speculative_tokens")
+DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "draft_tokens", "max_draft_tokens", "max_draft_steps", "draft_depth",
+                      "gamma", "num_speculative_tokens")
 
 
 def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float,
