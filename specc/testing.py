@@ -218,3 +218,20 @@ def assert_distribution(counts, expected, label: str) -> None:
     observed, wanted = observed[wanted > 0], wanted[wanted > 0]
     result = chisquare(observed.numpy(), (wanted / wanted.sum() * n).numpy())
     assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
+
+
+def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64,
+                            temperature: float = 1.0) -> Path:
+    """Text the target itself samples, written as the tiny tokenizer's words (training data a
+    method's compile-time step can learn the target from)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    torch.manual_seed(1)
+    starts = torch.randint(4, model.config.vocab_size, (sequences, 2))
+    with torch.no_grad():
+        rows = model.generate(starts, do_sample=True, temperature=temperature, max_new_tokens=length,
+                              pad_token_id=0, attention_mask=torch.ones_like(starts)).tolist()
+    path.write_text("\n\n".join(" ".join(f"w{t}" for t in row if t >= 4) for row in rows))
+    return path

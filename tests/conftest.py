@@ -54,3 +54,12 @@ def prompt_lookup_method():
         sys.path.remove(path)
     descriptor._discover()
     return descriptor.register(METHOD)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, and the machine may be shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

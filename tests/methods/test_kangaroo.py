@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from specc.capture.load import load_model, load_tokenizer
 from specc.cli.main import main
@@ -33,7 +32,7 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, varied_prompts)
+                           exact_marginals, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -44,28 +43,6 @@ VARIANTS = {
     "fixed-steps": dict(exit_threshold=0.0, max_draft_steps=4),
     "wide-tree": dict(tree_width=4, tree_threshold=1.0, exit_threshold=0.0, max_draft_steps=3),
 }
-
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny models run fastest on one thread, and the machine may be shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64) -> Path:
-    """Text the target itself samples, written as the tiny tokenizer's words."""
-    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-    torch.manual_seed(1)
-    starts = torch.randint(4, model.config.vocab_size, (sequences, 2))
-    with torch.no_grad():
-        rows = model.generate(starts, do_sample=True, max_new_tokens=length, pad_token_id=0,
-                              attention_mask=torch.ones_like(starts)).tolist()
-    path.write_text("\n\n".join(" ".join(f"w{t}" for t in row if t >= 4) for row in rows))
-    return path
 
 
 @pytest.fixture(scope="module")

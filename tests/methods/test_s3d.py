@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from specc.capture.load import load_model, load_tokenizer
 from specc.compiler import CompileRequest, build_program, compile_engine
@@ -23,24 +22,12 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, varied_prompts)
+                           exact_marginals, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
 TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
 METHOD = get_method("s3d")
-
-
-def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64) -> Path:
-    """Text the target itself samples (temperature 0.5), written as the tiny tokenizer's words."""
-    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-    torch.manual_seed(1)
-    starts = torch.randint(4, model.config.vocab_size, (sequences, 2))
-    with torch.no_grad():
-        rows = model.generate(starts, do_sample=True, temperature=0.5, max_new_tokens=length, pad_token_id=0,
-                              attention_mask=torch.ones_like(starts)).tolist()
-    path.write_text("\n\n".join(" ".join(f"w{t}" for t in row if t >= 4) for row in rows))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,7 @@ def engines(checkpoints, tmp_path_factory):
         if (family, backend) not in built:
             target = checkpoints(family)[0]
             root = tmp_path_factory.mktemp(f"s3d-{family}-{backend}")
-            calib = sample_calibration_text(target, root / "calib.txt", sequences=32)
+            calib = sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=0.5)
             # The tiny qwen2 checkpoint's tokenizer loads as Qwen2Tokenizer, which encodes its
             # word-level text to nothing; losslessness does not depend on the training.
             training = ["train_steps=0"] if family == "qwen2" else [*TRAIN, f"calib_data={calib}"]
@@ -247,7 +234,8 @@ def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):
 def trainable(checkpoints, tmp_path_factory):
     """A llama S3D program (adapters on the MLP too), its initial draft parameters, tokenizer, calibration."""
     target = checkpoints("llama")[0]
-    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256)
+    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256,
+                                    temperature=0.5)
     config = S3DConfig(lora_mlp=True)
     program = build_program({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
     initial = {k: v.detach().clone() for k, v in draft_parameters(program.graphs["draft"].module).items()}

@@ -33,14 +33,6 @@ TRAIN = dict(train_steps=20, train_windows=8, predictor_windows=4, eval_sequence
 EXITING = dict(exit_threshold=0.001, offline_layers=64)
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def programs(checkpoints):
     """family -> (checkpoint, trained program, manifest state), trained once with tiny settings."""
