@@ -108,7 +108,7 @@ def _write(piece: str) -> None:
 
 def method_report(runtime) -> dict:
     """What the method's own runtime reports about the last generation (`method_report()` on its
-    drafter or target, if it has one), e.g. SpecEE's exit layers."""
+    drafter or target, if it has one), e.g. per-token exit layers."""
     for part in (runtime.drafter, runtime.target):
         report = getattr(part, "method_report", None)
         if report is not None:

@@ -14,8 +14,8 @@ rows per cache; inside it, the functional write copies the attended window
 available, else on CPUExecutionProvider; it has no bfloat16 CPU kernels, so
 a bfloat16 engine is refused at packaging unless the CUDA provider is there.
 
-Segments a method calls at run time (SWIFT's skippable sublayers, with
-`compile_segments=true`) write the caches in place themselves and are not
+Segments a method calls at run time (e.g. skippable sublayers, when the
+method compiles them) write the caches in place themselves and are not
 exported: like `aoti`, this backend compiles them with Inductor (on their
 first call). Verification always runs the ONNX graph.
 

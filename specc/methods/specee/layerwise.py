@@ -20,6 +20,7 @@ position counter of its own.
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,7 +58,7 @@ class LayerwiseForward:
         self.kv_policy = kv_policy
         nodes = list(gm.graph.nodes)
         self._inputs = [n for n in nodes if n.op == "placeholder"]
-        self._attributes = {n: _get_attr(gm, n.target) for n in nodes if n.op == "get_attr"}
+        self._attributes = {n: operator.attrgetter(n.target)(gm) for n in nodes if n.op == "get_attr"}
         self._mask = next((n for n in self._inputs if n.target == mask_input), None)
         outputs = output_node(gm.graph).args[0]
         self.prologue, self.layers, self.epilogue = _stages(nodes, set(outputs[1:]) if isinstance(outputs, (tuple, list)) else set())
@@ -171,10 +172,3 @@ def _arg_from(call: fx.Node, producer: fx.Node | None) -> int | None:
                                and arg.args and arg.args[0] is producer):
             return index
     raise SpeccError(f"segment {call.target} reads nothing from {producer.target}")
-
-
-def _get_attr(root, dotted: str):
-    value = root
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value

@@ -10,6 +10,7 @@ whatever KV cache they are given (the target's).
 
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch.fx as fx
@@ -30,7 +31,7 @@ class SkippingForward:
         self._nodes = list(gm.graph.nodes)
         self._num_inputs = sum(n.op == "placeholder" for n in self._nodes)
         self.segments = {n.target: lower(gm.get_submodule(n.target)) for n in self._nodes if n.op == "call_module"}
-        self._attributes = {n: _get_attr(gm, n.target) for n in self._nodes if n.op == "get_attr"}
+        self._attributes = {n: operator.attrgetter(n.target)(gm) for n in self._nodes if n.op == "get_attr"}
 
     @property
     def static_sizes(self) -> set[int]:
@@ -54,10 +55,3 @@ class SkippingForward:
             elif node.op == "output":
                 return fx.node.map_arg(node.args[0], env.__getitem__)
         raise SpeccError("skip-branch graph has no output node")
-
-
-def _get_attr(root, dotted: str):
-    value = root
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
