@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.fx as fx
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
@@ -22,7 +20,7 @@ from specc.methods.descriptor import TARGET, check_backend, get_method, is_lossl
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.use_kernels import UseKernels
-from specc.program import ProgramGraph, SpeculativeProgram
+from specc.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.progress import StageReporter
 
 log = logging.getLogger("specc")
@@ -84,6 +82,7 @@ def compile_engine(request: CompileRequest) -> dict:
         with progress.stage(f"training/calibrating {method.name}", own_line=True):
             trained = method.train(program, config, tokenizer)
             program.added_weights, method_state = trained.weights, trained.state
+            config = trained.config or config
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
@@ -119,16 +118,10 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
         passes = [*recipe.passes(config), *([UseKernels()] if kernels else [])]
-        gm, records = run_passes(name, _graph_copy(captured.graph_module), passes)
+        gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
-
-
-def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A GraphModule with its own graph (passes rewrite graphs in place) over
-    the same parameter tensors, so a second graph costs no weight memory."""
-    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,

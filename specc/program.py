@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -24,3 +25,18 @@ class SpeculativeProgram:
     graphs: dict[str, ProgramGraph] = field(default_factory=dict)
     pass_records: list[PassRecord] = field(default_factory=list)
     added_weights: dict = field(default_factory=dict)   # trained parameters, by name
+
+    def records_of(self, graph: str) -> list[PassRecord]:
+        return [r for r in self.pass_records if r.graph == graph]
+
+    def replace_graph(self, name: str, module: fx.GraphModule, records: list[PassRecord]) -> None:
+        """Swap graph `name` for one rebuilt at compile time (e.g. with a hyper-parameter
+        chosen from measurements); `records` are every pass that produced it."""
+        self.graphs[name].module = module
+        self.pass_records = [r for r in self.pass_records if r.graph != name] + list(records)
+
+
+def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule with its own graph (passes rewrite graphs in place) over
+    the same parameter tensors, so a second graph costs no weight memory."""
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))

@@ -98,6 +98,9 @@ def _prediction_lines(prediction: dict) -> list[str]:
                      f"(τ {s3d['tau']:.2f} for γ {s3d['gamma']}, β {s3d['beta']:.3f}, δ {s3d['delta']:.3f})")
     else:
         lines.append(f"predicted, S3D eq. 12:  n/a ({s3d['reason']})")
+    if prediction.get("compile_time") is not None:
+        compile_time = prediction["compile_time"]
+        lines.append(f"predicted at compile time: {compile_time['speedup']:.2f}x  ({compile_time['by']})")
     return lines
 
 

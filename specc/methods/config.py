@@ -82,8 +82,11 @@ def _coerce(cls, name: str, value, hint):
         return None if value is None else str(value)
     if getattr(hint, "__origin__", None) is tuple or str(hint).startswith("tuple"):
         items = value.split(",") if isinstance(value, str) else list(value)
+        kind = next(iter(getattr(hint, "__args__", ())), int)
+        kind = kind if kind in (int, float) else int
         try:
-            return tuple(int(v) for v in items)
+            return tuple(kind(v) for v in items)
         except ValueError:
-            raise UsageError(f"config field {name} must be a comma-separated list of integers, got {value!r}") from None
+            noun = "integers" if kind is int else "numbers"
+            raise UsageError(f"config field {name} must be a comma-separated list of {noun}, got {value!r}") from None
     return value

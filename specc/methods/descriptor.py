@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "specc.methods"
 _BUILTIN = ("specc.methods.autoregressive", "specc.methods.draft_model", "specc.methods.swift",
-            "specc.methods.kangaroo", "specc.methods.specee", "specc.methods.s3d")
+            "specc.methods.kangaroo", "specc.methods.specee", "specc.methods.s3d",
+            "specc.methods.firp")
 TARGET = "target"   # the source name of the checkpoint being compiled
 
 
@@ -54,10 +55,14 @@ class ExtraSource:
 class TrainResult:
     """What a compile-time training or calibration step produced: trained
     parameters by name (stored in `weights/added.safetensors`, read by the
-    graphs that own them) and JSON-ready state for the manifest."""
+    graphs that own them) and JSON-ready state for the manifest. A step that
+    chooses hyper-parameters from measurements returns the config it chose
+    (the manifest records it and the runtime reads it) and replaces the
+    affected graphs itself (`SpeculativeProgram.replace_graph`)."""
 
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     state: dict = field(default_factory=dict)
+    config: MethodConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def _speculative(corrupt_prompt: int | None):
     return generate
 
 
-def _document(corrupt_prompt=None, lossless=True):
+def _document(corrupt_prompt=None, lossless=True, method_state=None):
     systems = [
         System(HF_GREEDY, "HF generate, greedy", "baseline", lambda ids: (_greedy(ids), None), 100),
         System(HF_PROMPT_LOOKUP, "HF prompt lookup (10)", "baseline", lambda ids: (_greedy(ids), None), 100),
@@ -54,7 +54,8 @@ def _document(corrupt_prompt=None, lossless=True):
     prompts = [{"index": i, "category": c, "prompt_tokens": len(p), "preview": "x"}
                for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))]
     manifest = {"method": "fake", "method_config": {"num_draft_tokens": 2}, "lossless": lossless,
-                "backend": "eager", "dtype": "float32", "max_seq_len": 64, "graphs": {"target": {}}}
+                "backend": "eager", "dtype": "float32", "max_seq_len": 64, "graphs": {"target": {}},
+                **({"method_state": method_state} if method_state else {})}
     return build_document(
         engine_manifest=manifest, engine_path="/engines/fake", machine={"cpu_count": 2}, versions={"torch": "x"},
         model_info={"checkpoint": "/ckpt", "model_type": "llama", "parameters": 1000},
@@ -133,3 +134,10 @@ def test_bench_exits_3_when_a_lossless_engine_differs_from_hf(monkeypatch, tmp_p
     assert code == command.LOSSLESS_CHECK_FAILED == 3
     assert "LOSSLESS CHECK FAILED" in capsys.readouterr().err
     assert json.loads(out_json.read_text())["identity_flag"] is True     # the evidence is still written
+
+
+def test_a_compile_time_prediction_is_reported_beside_the_measurement():
+    assert "predicted at compile time" not in format_report(_document())
+    doc = _document(method_state={"compile_time_prediction": {"speedup": 1.37, "by": "a model"}})
+    assert doc["overall"]["prediction"]["compile_time"] == {"speedup": 1.37, "by": "a model"}
+    assert "predicted at compile time: 1.37x  (a model)" in format_report(doc)

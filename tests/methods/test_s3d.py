@@ -16,7 +16,9 @@ from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
 from specc.methods.descriptor import get_method
-from specc.methods.s3d import S3DConfig
+from specc.methods.s3d import S3DConfig, draft_only_passes
+from specc.bench.predict import s3d_tau
+from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
@@ -26,7 +28,8 @@ from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_gree
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
-TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2",
+         "select=false"]
 METHOD = get_method("s3d")
 
 
@@ -218,7 +221,7 @@ def test_engine_stores_the_draft_parameters_once_with_its_report(engines):
 
 def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):
     for bad in ("draft_tokens=0", "skip_ratio=1.0", "skip_layers=0,1", "skip_layers=3", "lora_rank=0",
-                "tree_width=0", "train_seq_len=1"):
+                "tree_width=0", "train_seq_len=1", "select_ratios=0.3,1.5", "select_max_tokens=0", "select_steps=0"):
         with pytest.raises(UsageError, match=bad.split("=")[0]):
             S3DConfig.from_assignments([bad])
     request = CompileRequest(model=str(checkpoints("llama")[0]), method="s3d", output=tmp_path / "engine",
@@ -247,8 +250,9 @@ def train_from_initial(trainable, *settings: str):
     with torch.no_grad():
         for name, p in draft_parameters(program.graphs["draft"].module).items():
             p.copy_(initial[name])
-    config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", "lora_mlp=true", *settings])
-    return train_draft(program, config, tokenizer)
+    config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", "lora_mlp=true", "select=false",
+                                         *settings])
+    return train_draft(program, config, tokenizer, draft_only_passes)
 
 
 def test_training_lowers_loss_and_raises_heldout_agreement(trainable):
@@ -270,3 +274,71 @@ def test_training_is_deterministic_for_a_seed(trainable):
     assert all(torch.equal(first.weights[name], again.weights[name]) for name in names)
     assert first.state["heldout_agreement_by_position"] == again.state["heldout_agreement_by_position"]
     assert not all(torch.equal(first.weights[name], other.weights[name]) for name in names)
+
+
+# --- eq. 12 choice of the skipped block and γ ------------------------------------
+
+
+def test_eq12_picks_the_block_and_gamma_with_the_largest_predicted_speedup():
+    verify = [1.0, 1.2, 1.5, 2.0]                     # γ + 1 rows cost: 1, 2, 3, 4 rows
+    shallow = Candidate((3, 4), None, [], [0.5] * 3, [0.9, 0.6, 0.3], [0.5, 0.55, 0.6])
+    deep = Candidate((2, 5), None, [], [0.3] * 3, [0.8, 0.4, 0.2], [0.3, 0.33, 0.36])
+    for candidate in (shallow, deep):
+        by_gamma = {g: s3d_tau(candidate.agreement[:g]) / (candidate.draft_cost[g - 1] + verify[g])
+                    for g in (1, 2, 3)}
+        assert candidate.best_gamma(verify) == max(by_gamma, key=by_gamma.get)
+        assert candidate.improvement(2, verify) == pytest.approx(by_gamma[2])
+    # γ = 1, τ = 1 + α₁: shallow 1.9 / 1.7 = 1.12, deep 1.8 / 1.5 = 1.20; the cheaper draft wins
+    assert deep.improvement(1, verify) > shallow.improvement(1, verify)
+
+
+@pytest.fixture(scope="module")
+def deep_llama(tmp_path_factory):
+    """A 6-layer tiny llama (several distinct centred blocks) and calibration text."""
+    root = tmp_path_factory.mktemp("s3d-deep")
+    target = build_tiny_checkpoint("llama", root / "target", seed=3, num_hidden_layers=6)
+    return target, sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=0.5)
+
+
+def test_eq12_selection_times_and_pilots_every_candidate_and_rebuilds_the_draft(deep_llama):
+    target, calib = deep_llama
+    config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=32", "train_steps=6", "eval_every=3",
+                                         "eval_sequences=2", "select_ratios=0.2,0.33,0.5", "select_max_tokens=3",
+                                         "select_steps=4"])
+    program = build_program({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
+    result = METHOD.train(program, config, load_tokenizer(target))
+    selection = result.state["selection"]
+    blocks = [tuple(c["skipped_layers"]) for c in selection["candidates"]]
+    assert blocks == [(2, 2), (2, 3), (1, 3)]          # 1, 2 and 3 of 6 layers, centred
+    for candidate in selection["candidates"]:
+        assert len(candidate["agreement_by_position"]) == len(candidate["draft_cost_by_gamma"]) == 3
+        best = max(candidate["improvement_by_gamma"])
+        assert best > 0 and all(0 < c < 2 for c in candidate["draft_cost_by_gamma"])
+    chosen = max(selection["candidates"], key=lambda c: max(c["improvement_by_gamma"]))
+    gamma = chosen["improvement_by_gamma"].index(max(chosen["improvement_by_gamma"])) + 1
+    assert selection["skipped_layers"] == chosen["skipped_layers"] and selection["draft_tokens"] == gamma
+    assert result.config.skip_layers == tuple(chosen["skipped_layers"]) and result.config.draft_tokens == gamma
+    first, last = chosen["skipped_layers"]
+    assert result.state["skipped_layers"] == [first, last]
+    draft = program.graphs["draft"].module
+    kept = sorted({layer_index(n) for n in draft.graph.nodes} - {None})
+    assert kept == [i for i in range(6) if not first <= i <= last]
+    assert set(result.weights) == set(draft_parameters(draft))
+    records = program.records_of("draft")
+    assert [r.pass_name for r in records][-3:] == ["skip_middle_layers", "insert_mask_tokens", "attach_draft_lora"]
+    assert len(records) == len(program.records_of("target")) + 3
+
+
+def test_eq12_engine_records_its_choice_and_matches_hf_greedy(deep_llama, tmp_path):
+    target, calib = deep_llama
+    compile_engine(CompileRequest(model=str(target), method="s3d", output=tmp_path / "engine", max_seq_len=MAX_SEQ_LEN,
+                                  settings=[f"calib_data={calib}", "train_seq_len=32", "train_steps=4",
+                                            "eval_sequences=2", "select_max_tokens=3", "select_steps=3"]))
+    engine = load_engine(tmp_path / "engine")
+    selection = engine.method_state["selection"]
+    assert engine.manifest["method_config"]["draft_tokens"] == selection["draft_tokens"]
+    assert engine.manifest["method_config"]["skip_layers"] == selection["skipped_layers"]
+    assert engine.method_state["compile_time_prediction"]["speedup"] > 0
+    assert engine.method_state["kept_layers"] == [i for i in range(6) if not
+                                                  selection["skipped_layers"][0] <= i <= selection["skipped_layers"][1]]
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)

@@ -21,6 +21,12 @@ skipping path like the masks), so the kept layers' K/V the draft writes at
 the root's slot are the draft's; verification rewrites that slot with the
 full model before anything reads it, and the target graph has no adapters.
 
+With `select` (the default) the block and γ are not constants: `select`
+pilot-trains every candidate block, times its draft and the target's
+verification, and keeps the pair with the largest eq. 12 prediction; the
+draft graph is rebuilt for it and the chosen values replace the config in
+the manifest.
+
 The mask embedding and the adapters are trained inside `specc compile`
 (`train`), self-distilled from the frozen target with masks at every
 offset; the manifest state records the skipped block and the held-out
@@ -44,9 +50,13 @@ from specc.runtime.drafter import MethodRuntime
 __all__ = ["METHOD", "S3DConfig", "MaskTokenDrafter"]
 
 
+def draft_only_passes(config: S3DConfig):
+    """What cuts the draft from a graph that already has the infrastructure passes."""
+    return [SkipMiddleLayers(config.skip_config()), InsertMaskTokens(), AttachDraftLora(config.lora_config())]
+
+
 def draft_passes(config: S3DConfig):
-    return [*infrastructure_passes(), SkipMiddleLayers(config.skip_config()), InsertMaskTokens(),
-            AttachDraftLora(config.lora_config())]
+    return [*infrastructure_passes(), *draft_only_passes(config)]
 
 
 def _graphs(config: S3DConfig) -> dict[str, GraphRecipe]:
@@ -65,7 +75,7 @@ def _build_runtime(context, config: S3DConfig) -> MethodRuntime:
 def _train(program, config: S3DConfig, tokenizer) -> TrainResult:
     from specc.methods.s3d.train import train_draft
 
-    return train_draft(program, config, tokenizer)
+    return train_draft(program, config, tokenizer, draft_only_passes)
 
 
 def _validate(config: S3DConfig, model_config) -> None:

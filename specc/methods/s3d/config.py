@@ -21,6 +21,16 @@ class S3DConfig(MethodConfig):
                                                    "(SmolLM2-135M: layers 10..19 of 30)")
     skip_layers: tuple[int, ...] = option((), "the skipped block as first,last (inclusive, e.g. 10,19); "
                                               "overrides skip_ratio")
+    select: bool = option(True, "choose the skipped block and gamma at compile time by S3D eq. 12 from measured "
+                                "costs and pilot-trained acceptance (see select.py); false keeps skip_ratio or "
+                                "skip_layers and draft_tokens as given. An explicit skip_layers is the only block "
+                                "considered; gamma is still chosen")
+    select_ratios: tuple[float, ...] = option((0.2, 0.33, 0.5), "skip ratios the eq. 12 choice compares "
+                                                                 "(each a centred block of round(ratio * L) layers)")
+    select_max_tokens: int = option(6, "largest gamma the eq. 12 choice considers (pilots train this many "
+                                       "draft positions)")
+    select_steps: int = option(30, "pilot training steps per candidate block before its acceptance is measured; "
+                                   "the chosen candidate keeps training from there for train_steps more")
     lora_rank: int = option(8, "rank of the draft-only LoRA adapters on the kept layers' projections")
     lora_alpha: float = option(16.0, "LoRA scale numerator: the adapter output is multiplied by alpha/rank")
     lora_mlp: bool = option(False, "adapt the MLP projections too (the attention projections always are)")
@@ -55,6 +65,10 @@ class S3DConfig(MethodConfig):
         _check(block == () or (len(block) == 2 and 1 <= block[0] <= block[1]),
                f"skip_layers={','.join(map(str, self.skip_layers))} must be two layers first,last with "
                f"1 <= first <= last (layer 0 is always kept)")
+        _check(bool(self.select_ratios) and all(0.0 < r < 1.0 for r in self.select_ratios),
+               f"select_ratios={','.join(map(str, self.select_ratios))} must be skip ratios in (0, 1)")
+        _check(1 <= self.select_max_tokens <= 32, f"select_max_tokens={self.select_max_tokens} must be between 1 and 32")
+        _check(self.select_steps >= 1, f"select_steps={self.select_steps} must be at least 1")
         _check(self.lora_rank >= 1, f"lora_rank={self.lora_rank} must be at least 1")
         _check(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha} must be positive")
         _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")

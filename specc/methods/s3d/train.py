@@ -29,12 +29,14 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from specc.bench.document import COMPILE_TIME_PREDICTION
 from specc.graph.nodes import placeholder
 from specc.graph.signature import read_signature
 from specc.methods.descriptor import TrainResult
 from specc.passes.attach_draft_lora import DraftLoraConfig
 from specc.passes.insert_mask_tokens import MaskTokensConfig
 from specc.passes.skip_middle_layers import decoder_layers
+from specc.methods.s3d.select import select_by_eq12
 from specc.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
@@ -55,49 +57,86 @@ class Lesson:
 @dataclass(frozen=True)
 class StudentInput:
     window: torch.Tensor
-    kv: list[torch.Tensor]     # the teacher's K/V [1, kv_heads, T, head_dim] of each cache the draft reads
+    kv: list[torch.Tensor]     # the teacher's K/V [1, kv_heads, T, head_dim] of every cache, in input order
     phase: int
 
 
-def train_draft(program: SpeculativeProgram, config, tokenizer) -> TrainResult:
-    """The draft-only parameters by name, and the training report as state."""
+def train_draft(program: SpeculativeProgram, config, tokenizer, draft_only_passes) -> TrainResult:
+    """The draft-only parameters by name, and the training report as state; with
+    `select`, first the block and γ eq. 12 picks (the draft graph is rebuilt for them)."""
     start = time.perf_counter()
-    target, draft = program.graphs["target"].module, program.graphs["draft"].module
+    target = program.graphs["target"].module
     arch = program.graphs["target"].architecture
-    parameters = draft_parameters(draft)
-    state = {**draft_layout(draft, arch.num_layers), "draft_tokens": config.draft_tokens, "training": None}
     if config.train_steps == 0:
-        return TrainResult(_copies(parameters), state)
-    for name, p in draft.named_parameters():
-        if name not in parameters:
-            p.requires_grad_(False)   # every target weight is frozen; the target graph shares them
+        draft = program.graphs["draft"].module
+        return TrainResult(_copies(draft_parameters(draft)), _layout_state(draft, arch, config))
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
-    dtype = next(iter(parameters.values())).dtype
-    cached = cache_teacher(_teacher(target, arch, dtype, config.teacher_top_k, read_caches(draft)),
+    dtype = next(target.parameters()).dtype
+    cached = cache_teacher(_teacher(target, arch, dtype, config.teacher_top_k),
                            windows.train + windows.heldout, "s3d: running the target once per window")
 
     def teacher(lesson: Lesson) -> tuple[SparseTarget, StudentInput]:
         target_probs, (window, kv) = cached(lesson.window)
         return target_probs, StudentInput(window, kv, lesson.phase)
 
-    student = draft_student(draft, arch, dtype, config.draft_tokens)
+    def lessons(gamma: int) -> tuple[list[Lesson], list[Lesson]]:
+        return ([Lesson(w, phase) for w in windows.train for phase in range(gamma)],
+                [Lesson(w, phase) for w in windows.heldout for phase in range(gamma)])
+
+    def trainer(draft, gamma: int):
+        parameters = draft_parameters(draft)
+        for name, p in draft.named_parameters():
+            if name not in parameters:
+                p.requires_grad_(False)   # every target weight is frozen; the target graph shares them
+        student = draft_student(draft, arch, dtype, gamma)
+        train, heldout = lessons(gamma)
+
+        def run(steps: int, warmup: int, description: str):
+            return distill(student, teacher, list(parameters.values()), train, heldout,
+                           _distill_config(config, steps, warmup), description=description)
+        return parameters, student, heldout, run
+
+    selection = None
+    if config.select:
+        def pilot(draft, gamma: int) -> tuple[list[float], list[float]]:
+            _, student, heldout, run = trainer(draft, gamma)
+            untrained = agreement_by_position(student, teacher, heldout, gamma)
+            run(config.select_steps, min(config.warmup_steps, config.select_steps // 2), "s3d: pilot")
+            return untrained, agreement_by_position(student, teacher, heldout, gamma)
+        selection = select_by_eq12(program, config, draft_only_passes, pilot)
+        config = selection.config
+        program.replace_graph("draft", selection.chosen.module, selection.chosen.records)
+    draft = program.graphs["draft"].module
     gamma = config.draft_tokens
-    train = [Lesson(w, phase) for w in windows.train for phase in range(gamma)]
-    heldout = [Lesson(w, phase) for w in windows.heldout for phase in range(gamma)]
-    before = agreement_by_position(student, teacher, heldout, gamma)
-    report = distill(student, teacher, list(parameters.values()), train, heldout,
-                     DistillConfig(steps=config.train_steps, learning_rate=config.learning_rate,
-                                   warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
-                                   grad_clip=config.grad_clip, eval_every=config.eval_every, seed=config.seed),
-                     description="s3d: training mask embedding and LoRA")
+    parameters, student, heldout, run = trainer(draft, gamma)
+    before = (selection.chosen.untrained[:gamma] if selection is not None
+              else agreement_by_position(student, teacher, heldout, gamma))
+    report = run(config.train_steps, config.warmup_steps, "s3d: training mask embedding and LoRA")
     after = agreement_by_position(student, teacher, heldout, gamma)
     tqdm.write(f"s3d: trained on {windows.source}: {report.summary()}; held-out agreement by draft position "
                f"{_percent(before)} → {_percent(after)}")
+    state = _layout_state(draft, arch, config)
+    if selection is not None:
+        state["selection"] = selection.report
+        state[COMPILE_TIME_PREDICTION] = {
+            "speedup": round(selection.predicted_speedup(after), 3),
+            "by": "S3D eq. 12 over none from the held-out agreement after training and costs timed in eager "
+                  "at compile, without loop overhead"}
     state.update(calibration=windows.source, training=report.to_json(),
                  heldout_agreement_by_position={"before": before, "after": after},
                  train_seconds=round(time.perf_counter() - start, 3))
-    return TrainResult(_copies(parameters), state)
+    return TrainResult(_copies(parameters), state, config if selection is not None else None)
+
+
+def _layout_state(draft, arch, config) -> dict:
+    return {**draft_layout(draft, arch.num_layers), "draft_tokens": config.draft_tokens, "training": None}
+
+
+def _distill_config(config, steps: int, warmup: int) -> DistillConfig:
+    return DistillConfig(steps=steps, learning_rate=config.learning_rate, warmup_steps=warmup,
+                         weight_decay=config.weight_decay, grad_clip=config.grad_clip, eval_every=config.eval_every,
+                         seed=config.seed)
 
 
 def draft_parameters(draft: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -122,12 +161,13 @@ def _copies(parameters: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor
     return {name: p.detach().clone() for name, p in parameters.items()}
 
 
-def _teacher(target, arch, dtype, top_k: int, kept: list[int]):
-    """window → (the target's top-k next-token probabilities, (window, K/V of the kept caches))."""
+def _teacher(target, arch, dtype, top_k: int):
+    """window → (the target's top-k next-token probabilities, (window, K/V of every layer)).
+    Every layer's K/V is kept so that any candidate block's draft can read its kept ones."""
     def teach(window: torch.Tensor):
         caches = empty_caches(arch, arch.num_layers, window.numel(), dtype)
         (logits,) = target(*decoding_inputs(window), *caches)
-        kv = [caches[i][:, :, : window.numel()].clone() for i in kept]
+        kv = [cache[:, :, : window.numel()].clone() for cache in caches]
         return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k), (window, kv)
     return teach
 
@@ -166,9 +206,9 @@ def draft_student(draft, arch, dtype, gamma: int):
         shape = (1, arch.num_key_value_heads, 2 * length + 1, arch.head_dim)
         unused = torch.zeros(shape, dtype=dtype)   # the skipped layers' caches: inputs, never read
         caches = [unused] * num_caches
-        for index, kv in zip(kept, lesson.kv):
+        for index in kept:
             caches[index] = torch.zeros(shape, dtype=dtype)
-            caches[index][:, :, :length] = kv
+            caches[index][:, :, :length] = lesson.kv[index]
         (logits,) = draft(tokens[None], positions[None], draft_attention(depths), positions + length, *caches,
                           is_mask[None])
         return logits[0]
