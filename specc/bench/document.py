@@ -25,7 +25,7 @@ COMPILE_TIME_PREDICTION = "compile_time_prediction"
 
 def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict, machine: dict, versions: dict,
                    settings: dict, prompts: list[dict], systems: list[System], runs: list[Run],
-                   memory: MemoryProbe, notes: list[str]) -> dict:
+                   memory: MemoryProbe, notes: list[str], bandwidth_bound: dict | None = None) -> dict:
     reference = {r.prompt_index: r.token_ids for r in runs if r.system == HF_GREEDY and r.repeat == 0}
     lossless = bool(engine_manifest["lossless"])
     groups = {OVERALL: set(range(len(prompts)))}
@@ -52,10 +52,21 @@ def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict,
         "overall": summaries[OVERALL],
         "categories": {k: v for k, v in summaries.items() if k != OVERALL},
         "memory": memory_summary(runs, systems, memory),
+        "bandwidth_bound": _with_none_share(bandwidth_bound, summaries[OVERALL]),
         "identity": identity,
         "identity_flag": lossless and identity["share"] is not None and identity["share"] < 1.0,
         "runs": [r.to_json() for r in runs],
     }
+
+
+def _with_none_share(bound: dict | None, overall: dict) -> dict | None:
+    """The bound, with how much of it the compiled `none` engine's decoding reaches."""
+    if bound is None:
+        return None
+    none = overall["systems"].get(SPECC_NONE, {}).get("decode_tokens_per_second")
+    decode = none["median"] if none else None
+    return {**bound, "specc_none_decode_tokens_per_second": decode,
+            "specc_none_share_of_bound": decode / bound["bound_tokens_per_second"] if decode else None}
 
 
 def engine_summary(manifest: dict, path: str) -> dict:

@@ -6,6 +6,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specc.bench.bandwidth import decode_bound, read_bandwidth
 from specc.bench.baselines import build_baselines, source_checkpoint
 from specc.bench.document import build_document
 from specc.bench.machine import machine_info, versions
@@ -55,6 +56,7 @@ def benchmark(options: BenchOptions) -> dict:
                                    options.max_new_tokens)
         systems = baselines.systems + [under_test]
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress)
+    bound = decode_bound(baselines.model_info["parameters"], engine.manifest["dtype"], read_bandwidth())
     settings = {"prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
                 "chat_template": chat_formatted,
@@ -65,7 +67,7 @@ def benchmark(options: BenchOptions) -> dict:
     return build_document(
         engine_manifest=engine.manifest, engine_path=str(options.engine), model_info=baselines.model_info,
         machine=machine_info(), versions=versions(), settings=settings, prompts=prompts, systems=systems,
-        runs=runs, memory=memory, notes=notes + baselines.notes,
+        runs=runs, memory=memory, notes=notes + baselines.notes, bandwidth_bound=bound,
     )
 
 

@@ -22,6 +22,8 @@ def format_report(doc: dict) -> str:
             lines += [""] + _group_lines(name, group, labels, engine["method"], brief=True)
     lines += [""] + _group_lines("overall", doc["overall"], labels, engine["method"], brief=False)
     lines += [""] + _memory_lines(doc["memory"], labels)
+    if doc.get("bandwidth_bound"):
+        lines.append(_bound_line(doc["bandwidth_bound"]))
     lines += [f"note: {note}" for note in doc["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -102,6 +104,15 @@ def _prediction_lines(prediction: dict) -> list[str]:
         compile_time = prediction["compile_time"]
         lines.append(f"predicted at compile time: {compile_time['speedup']:.2f}x  ({compile_time['by']})")
     return lines
+
+
+def _bound_line(bound: dict) -> str:
+    share = bound["specc_none_share_of_bound"]
+    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token at "
+            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read → {bound['bound_tokens_per_second']:.1f} tok/s; "
+            + ("specc none decodes n/a" if share is None else
+               f"specc none decodes {bound['specc_none_decode_tokens_per_second']:.1f} tok/s = {share:.0%} of it")
+            + f"  ({bound['measured_by']})")
 
 
 def _memory_lines(memory: dict, labels: dict) -> list[str]:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from specc.bench.bandwidth import decode_bound, read_bandwidth
 from specc.bench.document import SCHEMA, build_document
 from specc.bench.memory import MemoryProbe
 from specc.bench.plot import write_chart
@@ -42,7 +43,7 @@ def _speculative(corrupt_prompt: int | None):
     return generate
 
 
-def _document(corrupt_prompt=None, lossless=True, method_state=None):
+def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_bound=None):
     systems = [
         System(HF_GREEDY, "HF generate, greedy", "baseline", lambda ids: (_greedy(ids), None), 100),
         System(HF_PROMPT_LOOKUP, "HF prompt lookup (10)", "baseline", lambda ids: (_greedy(ids), None), 100),
@@ -60,7 +61,7 @@ def _document(corrupt_prompt=None, lossless=True, method_state=None):
         engine_manifest=manifest, engine_path="/engines/fake", machine={"cpu_count": 2}, versions={"torch": "x"},
         model_info={"checkpoint": "/ckpt", "model_type": "llama", "parameters": 1000},
         settings={"prompt_set": "test", "num_prompts": 3, "max_new_tokens": 8, "repeats": 3},
-        prompts=prompts, systems=systems, runs=runs, memory=memory, notes=["a note"],
+        prompts=prompts, systems=systems, runs=runs, memory=memory, notes=["a note"], bandwidth_bound=bandwidth_bound,
     )
 
 
@@ -141,3 +142,15 @@ def test_a_compile_time_prediction_is_reported_beside_the_measurement():
     doc = _document(method_state={"compile_time_prediction": {"speedup": 1.37, "by": "a model"}})
     assert doc["overall"]["prediction"]["compile_time"] == {"speedup": 1.37, "by": "a model"}
     assert "predicted at compile time: 1.37x  (a model)" in format_report(doc)
+
+
+def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
+    bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2)
+    assert bandwidth > 1e8
+    bound = decode_bound(1000, "bfloat16", bandwidth=4000.0)
+    assert bound["weight_bytes_per_token"] == 2000 and bound["bound_tokens_per_second"] == 2.0
+    doc = _document(bandwidth_bound=bound)
+    none_decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
+    assert doc["bandwidth_bound"]["specc_none_share_of_bound"] == pytest.approx(none_decode / 2.0)
+    assert "bandwidth bound: 0 MB of weights per token" in format_report(doc)
+    assert _document()["bandwidth_bound"] is None and "bandwidth bound" not in format_report(_document())
