@@ -281,7 +281,8 @@ def _table_row(name: str, doc: dict) -> str:
     eq6 = overall["prediction"]["swift_eq6"]
     predictions = [eq6.get("expected_speedup"), eq6.get("with_measured_verify")]
     rates = [acceptance.get("step_acceptance_rate"), acceptance.get("acceptance_rate")]
-    same = f"{identity['identical']}/{identity['total']}" + (" ⚠" if doc["identity_flag"] else "")
+    same = (f"{identity['identical']}/{identity['total']}" + (" ⚠" if doc["identity_flag"] else "")
+            + (" (vs none)" if identity.get("reference") == "specc-none" else ""))
     cells = [
         f"`{name}`", "yes" if doc["engine"]["lossless"] else "no",
         f"{engine['tokens_per_second']['median']:.1f}",

@@ -26,7 +26,7 @@ COMPILE_TIME_PREDICTION = "compile_time_prediction"
 def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict, machine: dict, versions: dict,
                    settings: dict, prompts: list[dict], systems: list[System], runs: list[Run],
                    memory: MemoryProbe, notes: list[str], bandwidth_bound: dict | None = None) -> dict:
-    reference = {r.prompt_index: r.token_ids for r in runs if r.system == HF_GREEDY and r.repeat == 0}
+    reference = _outputs(runs, HF_GREEDY)
     lossless = bool(engine_manifest["lossless"])
     groups = {OVERALL: set(range(len(prompts)))}
     for category in dict.fromkeys(p["category"] for p in prompts):
@@ -37,7 +37,7 @@ def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict,
     if compile_time is not None:
         for summary in summaries.values():
             summary["prediction"]["compile_time"] = compile_time
-    identity = summaries[OVERALL]["systems"][ENGINE]["identity_vs_hf_greedy"]
+    identity = _lossless_identity(engine_manifest["dtype"], runs, groups[OVERALL], summaries[OVERALL])
     return {
         "schema": SCHEMA,
         "created_unix": int(time.time()),
@@ -57,6 +57,22 @@ def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict,
         "identity_flag": lossless and identity["share"] is not None and identity["share"] < 1.0,
         "runs": [r.to_json() for r in runs],
     }
+
+
+def _outputs(runs: list[Run], system: str) -> dict[int, list[int]]:
+    return {r.prompt_index: r.token_ids for r in runs if r.system == system and r.repeat == 0}
+
+
+def _lossless_identity(dtype: str, runs: list[Run], indices: set[int], overall: dict) -> dict:
+    """What losslessness is checked against. In float32: HF greedy. In reduced precision HF
+    and a compiled graph round differently (the same argmax is not guaranteed even for
+    `none`), so a lossless method must reproduce specc's own `none` engine of the same
+    dtype and backend instead."""
+    if dtype == "float32":
+        return {**overall["systems"][ENGINE]["identity_vs_hf_greedy"], "reference": HF_GREEDY}
+    reference = _outputs(runs, SPECC_NONE)
+    mine = [r for r in runs if r.system == ENGINE and r.prompt_index in indices]
+    return {**st.identity({i: reference[i] for i in indices}, mine, ENGINE), "reference": SPECC_NONE}
 
 
 def _with_none_share(bound: dict | None, overall: dict) -> dict | None:

@@ -21,6 +21,10 @@ def format_report(doc: dict) -> str:
         for name, group in doc["categories"].items():
             lines += [""] + _group_lines(name, group, labels, engine["method"], brief=True)
     lines += [""] + _group_lines("overall", doc["overall"], labels, engine["method"], brief=False)
+    identity = doc["identity"]
+    if identity.get("reference") == "specc-none" and identity["share"] is not None:
+        lines.append(f"  lossless check in {engine['dtype']}: the engine matches "
+                     f"{_REFERENCE_NAMES['specc-none']} on {identity['identical']}/{identity['total']} prompts")
     lines += [""] + _memory_lines(doc["memory"], labels)
     if doc.get("bandwidth_bound"):
         lines.append(_bound_line(doc["bandwidth_bound"]))
@@ -38,12 +42,19 @@ def identity_banner(doc: dict) -> str | None:
     return "\n".join([
         rule,
         f"!! LOSSLESS CHECK FAILED: method {doc['engine']['method']} is lossless, but its output matches",
-        f"!! HF greedy on only {identity['identical']}/{identity['total']} prompts ({identity['share']:.1%}).",
+        f"!! {_REFERENCE_NAMES[identity.get('reference', 'hf-greedy')]} on only {identity['identical']}/"
+        f"{identity['total']} prompts ({identity['share']:.1%}).",
         f"!! differing prompts: {shown}",
-        "!! Compare with the specc-none identity figure: if it also differs, the compiled graph's",
-        "!! numerics differ from HF; if not, the speculative method changed the output.",
+        *(["!! Compare with the specc-none identity figure: if it also differs, the compiled graph's",
+           "!! numerics differ from HF; if not, the speculative method changed the output."]
+          if identity.get("reference", "hf-greedy") == "hf-greedy" else
+          ["!! In reduced precision the reference is specc's own none engine of the same dtype and",
+           "!! backend; the speculative method changed the output."]),
         rule,
     ]) + "\n"
+
+
+_REFERENCE_NAMES = {"hf-greedy": "HF greedy", "specc-none": "specc none (same dtype and backend)"}
 
 
 def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool) -> list[str]:

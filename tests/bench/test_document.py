@@ -43,9 +43,15 @@ def _speculative(corrupt_prompt: int | None):
     return generate
 
 
-def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_bound=None):
+def _hf_rounding_differently(prompt_ids):
+    out = _greedy(prompt_ids)
+    return (out[:1] + [98] + out[2:] if prompt_ids == PROMPTS[0] else out), None
+
+
+def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_bound=None, dtype="float32",
+              hf=lambda ids: (_greedy(ids), None)):
     systems = [
-        System(HF_GREEDY, "HF generate, greedy", "baseline", lambda ids: (_greedy(ids), None), 100),
+        System(HF_GREEDY, "HF generate, greedy", "baseline", hf, 100),
         System(HF_PROMPT_LOOKUP, "HF prompt lookup (10)", "baseline", lambda ids: (_greedy(ids), None), 100),
         System(SPECC_NONE, "specc none", "baseline", _plain, 100),
         System(ENGINE, "specc fake", "engine", _speculative(corrupt_prompt), 120),
@@ -55,7 +61,7 @@ def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_b
     prompts = [{"index": i, "category": c, "prompt_tokens": len(p), "preview": "x"}
                for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))]
     manifest = {"method": "fake", "method_config": {"num_draft_tokens": 2}, "lossless": lossless,
-                "backend": "eager", "dtype": "float32", "max_seq_len": 64, "graphs": {"target": {}},
+                "backend": "eager", "dtype": dtype, "max_seq_len": 64, "graphs": {"target": {}},
                 **({"method_state": method_state} if method_state else {})}
     return build_document(
         engine_manifest=manifest, engine_path="/engines/fake", machine={"cpu_count": 2}, versions={"torch": "x"},
@@ -154,3 +160,14 @@ def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     assert doc["bandwidth_bound"]["specc_none_share_of_bound"] == pytest.approx(none_decode / 2.0)
     assert "bandwidth bound: 0 MB of weights per token" in format_report(doc)
     assert _document()["bandwidth_bound"] is None and "bandwidth bound" not in format_report(_document())
+
+
+def test_in_reduced_precision_losslessness_is_identity_with_specc_none():
+    """HF rounds differently from a compiled graph in bfloat16: not a lossless failure."""
+    doc = _document(dtype="bfloat16", hf=_hf_rounding_differently)
+    assert doc["overall"]["systems"][ENGINE]["identity_vs_hf_greedy"]["share"] == pytest.approx(2 / 3)
+    assert doc["identity"]["reference"] == SPECC_NONE and doc["identity"]["share"] == 1.0
+    assert doc["identity_flag"] is False and "matches specc none (same dtype and backend) on 3/3" in format_report(doc)
+    broken = _document(dtype="bfloat16", hf=_hf_rounding_differently, corrupt_prompt=2)
+    assert broken["identity_flag"] is True and "specc none (same dtype and backend) on only 2/3" in identity_banner(broken)
+    assert _document(hf=_hf_rounding_differently)["identity_flag"] is True   # float32 still answers to HF
