@@ -51,7 +51,7 @@ def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict,
         "systems": [s.describe() for s in systems],
         "overall": summaries[OVERALL],
         "categories": {k: v for k, v in summaries.items() if k != OVERALL},
-        "memory": memory_summary(runs, systems, memory),
+        "memory": memory_summary(runs, systems, memory, summaries[OVERALL]),
         "bandwidth_bound": _with_none_share(bandwidth_bound, summaries[OVERALL]),
         "identity": identity,
         "identity_flag": lossless and identity["share"] is not None and identity["share"] < 1.0,
@@ -131,7 +131,7 @@ def _prediction(runs: list[Run], indices: set[int], method_config: dict, group: 
     return prediction
 
 
-def memory_summary(runs: list[Run], systems: list[System], memory: MemoryProbe) -> dict:
+def memory_summary(runs: list[Run], systems: list[System], memory: MemoryProbe, overall: dict | None = None) -> dict:
     per_system = {}
     for system in systems:
         mine = [r for r in runs if r.system == system.name and r.peak_rss_bytes is not None]
@@ -140,4 +140,23 @@ def memory_summary(runs: list[Run], systems: list[System], memory: MemoryProbe) 
             "peak_rss_bytes": max((r.peak_rss_bytes for r in mine), default=None),
             "peak_growth_bytes": max((r.peak_rss_bytes - r.rss_before_bytes for r in mine), default=None),
         }
-    return {"method": memory.method, "process_peak_rss_bytes": process_peak_rss_bytes(), "systems": per_system}
+    summary = {"method": memory.method, "process_peak_rss_bytes": process_peak_rss_bytes(), "systems": per_system}
+    if overall is not None:
+        summary["memory_normalized_speedup"] = _memory_normalized_speedup(per_system, overall)
+    return summary
+
+
+def _memory_normalized_speedup(per_system: dict, overall: dict) -> dict | None:
+    """S3D's cost-effectiveness figure: the speedup over specc `none` divided by the engine's
+    memory relative to `none`'s, memory being weights plus the RSS growth during a run."""
+    def footprint(name):
+        entry = per_system.get(name, {})
+        if entry.get("weights_bytes") is None or entry.get("peak_growth_bytes") is None:
+            return None
+        return entry["weights_bytes"] + max(0, entry["peak_growth_bytes"])
+    engine, none = footprint(ENGINE), footprint(SPECC_NONE)
+    speedup = overall["speedup"].get(SPECC_NONE, {}).get("median")
+    if not engine or not none or speedup is None:
+        return None
+    return {"speedup_over_specc_none": speedup, "relative_memory": engine / none,
+            "value": speedup / (engine / none)}

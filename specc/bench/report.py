@@ -132,6 +132,11 @@ def _memory_lines(memory: dict, labels: dict) -> list[str]:
         lines.append(f"  {labels[name]:<30} weights {_mib(entry['weights_bytes']):>10}   "
                      f"peak RSS {_mib(entry['peak_rss_bytes']):>10}   growth during a run "
                      f"{_mib(entry['peak_growth_bytes']):>10}")
+    normalized = memory.get("memory_normalized_speedup")
+    if normalized:
+        lines.append(f"  speedup per memory (S3D's M = speedup over specc none / relative memory): "
+                     f"{normalized['value']:.2f} ({normalized['speedup_over_specc_none']:.2f}x at "
+                     f"{normalized['relative_memory']:.2f}x the memory, weights plus growth during a run)")
     return lines
 
 

@@ -171,3 +171,17 @@ def test_in_reduced_precision_losslessness_is_identity_with_specc_none():
     broken = _document(dtype="bfloat16", hf=_hf_rounding_differently, corrupt_prompt=2)
     assert broken["identity_flag"] is True and "specc none (same dtype and backend) on only 2/3" in identity_banner(broken)
     assert _document(hf=_hf_rounding_differently)["identity_flag"] is True   # float32 still answers to HF
+
+
+def test_speedup_per_memory_divides_the_speedup_by_the_relative_footprint():
+    doc = _document()
+    memory = doc["memory"]
+    engine, none = memory["systems"][ENGINE], memory["systems"][SPECC_NONE]
+    if engine["peak_growth_bytes"] is None:
+        pytest.skip("no per-run RSS peak on this platform")
+    relative = (engine["weights_bytes"] + max(0, engine["peak_growth_bytes"])) / \
+        (none["weights_bytes"] + max(0, none["peak_growth_bytes"]))
+    normalized = memory["memory_normalized_speedup"]
+    assert normalized["relative_memory"] == pytest.approx(relative)
+    assert normalized["value"] == pytest.approx(doc["overall"]["speedup"][SPECC_NONE]["median"] / relative)
+    assert "speedup per memory" in format_report(doc)
