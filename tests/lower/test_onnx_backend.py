@@ -153,6 +153,30 @@ def test_swift_with_inductor_segments_matches_hf_greedy(checkpoints, tmp_path):
     assert_identical(engine, target)
 
 
+def test_s3d_matches_hf_greedy(checkpoints, tmp_path):
+    """Two graphs sharing one KV cache: the draft (middle layers cut, mask-token input, LoRA)
+    and the untouched target; the draft-only parameters stay untrained (train_steps=0)."""
+    target, _ = checkpoints("llama")
+    compile_onnx(target, tmp_path / "engine", "s3d", ["train_steps=0", "tree_width=2", "tree_threshold=0.9"])
+    engine = load_engine(tmp_path / "engine")
+    assert {p.name for p in (tmp_path / "engine" / "compiled").iterdir()} == {"target.onnx", "draft.onnx"}
+    results = assert_identical(engine, target)
+    assert sum(r.stats.drafted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+def test_specee_lossless_matches_hf_greedy(checkpoints, tmp_path):
+    """SpecEE's verify and draft-head graphs are exported; its layer stepper runs the
+    layerwise graph's segments (eager); exits forced by a low threshold."""
+    target, _ = checkpoints("llama")
+    settings = ["train_steps=5", "train_windows=4", "predictor_windows=2", "eval_sequences=2", "predictor_epochs=2",
+                "train_seq_len=32", "exit_threshold=0.001", "offline_layers=64"]
+    compile_onnx(target, tmp_path / "engine", "specee", settings)
+    engine = load_engine(tmp_path / "engine")
+    results = assert_identical(engine, target)
+    assert sum(r.stats.drafted_tokens for r in results) > 0
+
+
 def test_prompt_lookup_matches_hf_greedy(checkpoints, tmp_path, prompt_lookup_method):
     target, _ = checkpoints("llama")
     compile_onnx(target, tmp_path / "engine", "prompt-lookup", ["max_ngram=2", "tree_width=3"])
