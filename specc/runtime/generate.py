@@ -104,7 +104,7 @@ def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -
         return _decode_one(target, drafter, tokens, remaining, sampling, generator, stats)
     start = time.perf_counter()
     verification = target.verify_tree(draft, prefix_len)
-    acceptance = _accept(draft, verification.logits, sampling, generator)
+    acceptance = verification.acceptance or _accept(draft, verification.logits, sampling, generator)
     target.commit(prefix_len, acceptance.path)
     stats.verify_seconds += time.perf_counter() - start
     stats.target_forward_passes += 1

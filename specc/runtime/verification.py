@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specc.runtime.acceptance import Acceptance
 
 
 @dataclass
@@ -17,3 +21,6 @@ class Verification:
     logits: torch.Tensor | None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     slots: torch.Tensor | None = None    # the cache slot of each row
+    # A verifier whose rows are not read from one set of logits (a lossy tree verifier exiting
+    # each path at its own layer) decides acceptance itself; the loop then uses this.
+    acceptance: Acceptance | None = None

@@ -11,12 +11,15 @@ leaves there. Three graphs, all cut from the target by passes:
 - `verify`: the full target, also returning its top-layer hidden state;
 - `layerwise`: the target with exit predictors after every layer from 1
   to L-2, one segment per layer, stepped by the runtime;
-- `draft_head`: the draft head, with its own KV cache.
+- `draft_head`: the draft head, with its own KV cache (in tree mode also
+  returning its block's output, the stand-in feature for deeper levels).
 
-Modes: `ar` (the paper's public path, lossy) and `lossless` (early-exit
-tokens are drafts the full model verifies). The predictors, the draft
-head and the offline exit schedule are trained/measured inside
-`specc compile`. The paper's tree mode is not built yet.
+Modes: `ar` (the paper's public path, lossy), `lossless` (early-exit
+tokens are drafts the full model verifies) and `tree` (the paper's tree
+mode, lossy: each path of a drafted token tree is a hyper-token that
+leaves the layer-stepped forward at the deepest exit its tokens need).
+The predictors, the draft head and the offline exit schedule are
+trained/measured inside `specc compile`.
 """
 
 from __future__ import annotations
@@ -39,8 +42,15 @@ def _graphs(config: SpecEEConfig) -> dict[str, GraphRecipe]:
         "verify": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeFinalHidden()]),
         "layerwise": GraphRecipe(TARGET, lambda c: infrastructure_passes()
                                  + [InsertExitPredictors(_predictors(config)), SegmentByLayer()]),
-        "draft_head": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [AttachDraftHead()]),
+        "draft_head": GraphRecipe(TARGET, lambda c: infrastructure_passes() + _head_features(config)
+                                  + [AttachDraftHead()]),
     }
+
+
+def _head_features(config: SpecEEConfig) -> list:
+    """Tree mode drafts several levels: exposing the top layer's output before the head is cut from
+    the target makes the head return its own block's output (EAGLE's next-level feature)."""
+    return [ExposeFinalHidden()] if config.mode == "tree" else []
 
 
 def _predictors(config: SpecEEConfig) -> ExitPredictorConfig:
@@ -69,7 +79,8 @@ def _validate(config: SpecEEConfig, model_config) -> None:
 METHOD = MethodDescriptor(
     name="specee",
     summary="speculative early exit: a draft head's top-K candidates, exit predictors after scheduled "
-            "layers; mode=lossless verifies early-exit tokens, mode=ar (the paper's) does not",
+            "layers; mode=lossless verifies early-exit tokens, mode=ar (the paper's) does not, mode=tree "
+            "(the paper's tree mode) exits each drafted path at its tokens' deepest exit",
     config_class=SpecEEConfig,
     graphs=_graphs,
     build_runtime=build_runtime,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
 
-MODES = ("lossless", "ar")
+MODES = ("lossless", "ar", "tree")
 KV_POLICIES = ("propagate", "mask")
 DRAFT_VOCABULARY_KEY = "draft_vocabulary"
 SCHEDULE_KEY = "schedule"
@@ -17,7 +17,10 @@ SCHEDULE_KEY = "schedule"
 class SpecEEConfig(MethodConfig):
     mode: str = option("lossless", "lossless: early-exit tokens are drafts the full model verifies (output "
                                    "identical to the target); ar: the paper's public path, a token leaves at "
-                                   "its exit layer unverified (lossy, faster when exits are early)")
+                                   "its exit layer unverified (lossy, faster when exits are early); tree: the "
+                                   "paper's tree mode, the draft head proposes a token tree whose paths "
+                                   "(hyper-tokens) are verified in one layer-stepped forward, each path leaving "
+                                   "at the deepest exit any of its tokens needs (lossy, greedy only)")
     kv_policy: str = option("propagate", "K/V of the layers above an exit: propagate computes them from the "
                                          "exit state (only their K/V projections run, as CALM does); mask: "
                                          "later tokens never see that token there (the reference code)")
@@ -34,6 +37,11 @@ class SpecEEConfig(MethodConfig):
                                      "text (0: a quarter of the layers, the paper's 8 of 32)")
     online_tokens: int = option(5, "the online schedule adds the exit layers (-2, 0, +2) of this many "
                                    "previous tokens")
+    tree_depth: int = option(3, "tree mode: draft levels below the root (the draft head runs once more "
+                                "per level, and once for the leaves' candidates)")
+    tree_width: int = option(2, "tree mode: nodes per level; each level's nodes are the best of the previous "
+                                "level's nodes' top-`tree_width` children by cumulative draft probability "
+                                "(EAGLE-2-style beam), so a tree holds 1 + depth x width nodes")
     max_draft_steps: int = option(6, "lossless mode: most early-exit tokens drafted per round")
     predictor_hidden: int = option(512, "hidden units of each exit predictor (3K -> hidden -> 1)")
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
@@ -63,6 +71,8 @@ class SpecEEConfig(MethodConfig):
         _check(self.first_exit_layer >= 0, f"first_exit_layer={self.first_exit_layer} must be 0 (automatic) or more")
         _check(self.offline_layers >= 0, f"offline_layers={self.offline_layers} must be 0 (automatic) or more")
         _check(self.online_tokens >= 0, f"online_tokens={self.online_tokens} must be 0 or more")
+        _check(1 <= self.tree_depth <= 16, f"tree_depth={self.tree_depth} must be between 1 and 16")
+        _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
         _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
         _check(self.predictor_hidden >= 1, f"predictor_hidden={self.predictor_hidden} must be positive")
         _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")

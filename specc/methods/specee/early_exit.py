@@ -53,7 +53,7 @@ class DraftHead:
         slots = torch.tensor([slot], device=device)
         mask = torch.ones(1, 1, 1, slot + 1, dtype=torch.bool, device=device)
         logits = self.model.run(torch.tensor([token], device=device), slots, slots, mask, feature[None, None]).logits
-        return self._to_vocabulary(logits.topk(self.k, dim=-1).indices)
+        return self.to_vocabulary(logits.topk(self.k, dim=-1).indices)
 
     def prime(self, tokens: torch.Tensor, start: int, features: torch.Tensor) -> None:
         """Write the head's KV for `tokens` at slots start.. given each previous token's feature [n, hidden]."""
@@ -61,7 +61,8 @@ class DraftHead:
         slots = torch.arange(start, start + tokens.numel(), device=device)
         self.model.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), device), features[None])
 
-    def _to_vocabulary(self, indices: torch.Tensor) -> torch.Tensor:
+    def to_vocabulary(self, indices: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices as target token ids."""
         return indices if self.vocabulary is None else self.vocabulary[indices]
 
 
@@ -125,6 +126,10 @@ class EarlyExit:
     def written_by_full_model(self, slots: torch.Tensor) -> None:
         """Slots a full forward just wrote at every layer."""
         self.missing[:, slots] = False
+
+    def layer_mask(self, layer: int, mask: torch.Tensor) -> torch.Tensor | None:
+        """Layer `layer`'s attention mask under the `mask` policy (None: the step's own mask)."""
+        return self._layer_masks(layer, mask) if self.layerwise.kv_policy == "mask" else None
 
     def _layer_masks(self, layer: int, mask: torch.Tensor) -> torch.Tensor | None:
         missing = self.missing[layer, : mask.shape[-1]]

@@ -105,12 +105,35 @@ class LayerwiseForward:
         args[self.epilogue.hidden_arg] = hidden
         return self._segments[self.epilogue.call.target](*args)
 
-    def _run_stage(self, stage: LayerStep, env: dict, mask: torch.Tensor | None) -> None:
+    def begin(self, inputs: tuple) -> dict:
+        """The prologue on `inputs`: the environment `layer` steps (rows may change between layers:
+        begin again with the remaining rows' inputs and pass their hidden state to `layer`)."""
+        env: dict[fx.Node, object] = dict(self._attributes)
+        env.update(zip(self._inputs, inputs))
+        self._run_stage(self.prologue, env, None)
+        return env
+
+    def layer(self, env: dict, i: int, hidden: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layer i on `hidden` (None: what the environment holds); its output and exit score (or None)."""
+        stage = self.layers[i]
+        self._run_stage(stage, env, mask, hidden)
+        return env[stage.hidden_out], (env[stage.score] if stage.score is not None else None)
+
+    def propagate(self, inputs: tuple, exit_layer: int, hidden: torch.Tensor) -> None:
+        """K/V of every layer above `exit_layer` for the rows of `inputs`, from their `hidden` there."""
+        self._propagate(self.begin(inputs), exit_layer, hidden)
+
+    def _run_stage(self, stage: LayerStep, env: dict, mask: torch.Tensor | None,
+                   hidden: torch.Tensor | None = None) -> None:
         for node in stage.nodes:
             if node.op == "call_module":
-                args = list(fx.node.map_arg(node.args, env.__getitem__))
+                # A stage stepped on fresh rows has no earlier stage in `env`: only its hidden input did.
+                args = list(fx.node.map_arg(node.args, env.__getitem__ if hidden is None else env.get))
                 if mask is not None:
                     args = [mask if arg is self._mask else value for arg, value in zip(node.args, args)]
+                if hidden is not None:
+                    args[stage.hidden_arg] = hidden
                 env[node] = self._segments[node.target](*args)
             elif node.op == "call_function":
                 env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__),

@@ -1,4 +1,4 @@
-"""SpecEE at run time: the lossy `ar` target, or the lossless early-exit drafter.
+"""SpecEE at run time: the lossy `ar` target, the lossless early-exit drafter, or tree mode.
 
 Graphs: `verify` (the full target, also returning its top-layer hidden
 state), `layerwise` (the target with exit predictors, one segment per
@@ -15,15 +15,17 @@ layer) and `draft_head`. `verify` and `layerwise` share one KV cache.
   that finds none (or at `max_draft_steps`), and one `verify` forward runs
   only the rows from the first exited step on, rewriting their K/V with
   the full model's: the output is the target's, greedy or sampled.
+- `tree` (the paper's tree mode, lossy): see `hyper_token`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specc.errors import SpeccError
+from specc.errors import SpeccError, UsageError
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.early_exit import DraftHead, EarlyExit, ExitSchedule
+from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
@@ -44,6 +46,14 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
     early = build_early_exit(ctx, config, full)
     if config.mode == "ar":
         return MethodRuntime(EarlyExitTarget(full, early))
+    if config.mode == "tree":
+        if FEATURE not in ctx.signatures["draft_head"].output_names:
+            raise UsageError("this engine's draft head returns no feature for deeper tree levels: mode=tree "
+                             "needs an engine compiled with --set mode=tree")
+        verifier, drafter = HyperTokenVerifier(full, early), TreeDrafter(early, config.tree_depth, config.tree_width)
+        if ctx.compiles_lazily:
+            _warm_up_tree(verifier, drafter)
+        return MethodRuntime(verifier, drafter)
     return MethodRuntime(PartialVerifier(full), EarlyExitDrafter(early, config.max_draft_steps))
 
 
@@ -225,3 +235,21 @@ def _warm_up(early: EarlyExit, full: CachedModel) -> None:
                    force_exit=early.layerwise.scored_layers[0])
     early.reset()
     early.take_report()   # the warm-up step is not part of any generation
+
+
+def _warm_up_tree(verifier: HyperTokenVerifier, drafter: TreeDrafter) -> None:
+    """Compile the segments for tree rows too (a one-token warm-up compiles them for q = 1 only):
+    one throw-away round of the configured tree shape, at a cache length equal to no static size."""
+    early, full = verifier.early, verifier.full
+    nodes = 1 + drafter.depth * drafter.width
+    taken = early.layerwise.static_sizes | set(full.cache.tensors[0].shape) | {nodes, drafter.width}
+    prefix = untaken_size(taken, nodes + 2) - nodes
+    with torch.inference_mode():
+        drafter.feature = torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype,
+                                      device=full.device)
+        draft = drafter.propose([0] * (prefix + 1), DraftBudget(drafter.depth, nodes), SamplingConfig(), None)
+        verifier.verify_tree(draft, prefix)
+        verifier.commit(prefix, [0])
+    drafter.feature = None
+    early.reset()
+    verifier.method_report()   # the warm-up round is not part of any generation

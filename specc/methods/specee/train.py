@@ -112,7 +112,7 @@ def _teacher(verify, arch, dtype, top_k: int, to_student):
 def _student(head, arch, dtype):
     def predict(lesson) -> torch.Tensor:
         tokens, features, _ = lesson
-        (logits,) = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)
+        logits = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
         return logits[0]
     return predict
 
@@ -139,7 +139,7 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
     for tokens in tqdm(windows, desc=description, unit="window", dynamic_ncols=True):
         with torch.no_grad():
             _, (_, features, final) = teacher(tokens)
-            (head_logits,) = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)
+            head_logits = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
             candidates = head_logits[0].topk(k, dim=-1).indices
             if vocab_ids is not None:
                 candidates = vocab_ids[candidates]
