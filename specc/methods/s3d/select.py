@@ -16,9 +16,9 @@ one plain single-token target forward on this machine:
   taken as 0; `specc bench` measures it and sets its own eq. 12 prediction
   beside the measured speedup.
 
-Costs are timed in eager at the training window's length as the prefix, so
-they describe this machine as it was during compile (a loaded machine
-inflates both sides alike; the ratios are what matter). A pilot of a few
+Costs are timed in eager at the training window's length as the prefix,
+every graph and row count interleaved over several rounds, keeping each
+one's fastest time (other work on the machine only adds time). A pilot of a few
 dozen steps underestimates every candidate's final acceptance; the choice
 relies on the ranking, and the chosen candidate keeps training from its
 pilot weights.
@@ -26,7 +26,6 @@ pilot weights.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -41,7 +40,7 @@ from specc.program import SpeculativeProgram, graph_copy
 from specc.runtime.masks import causal_chunk_mask
 from specc.train.inputs import empty_caches
 
-TIMING_REPEATS = 5
+TIMING_ROUNDS = 7
 
 
 @dataclass
@@ -90,20 +89,29 @@ def build_draft(program: SpeculativeProgram, config, draft_only_passes) -> tuple
     return module, kept + records
 
 
-def forward_seconds(module, arch, dtype, rows: int, prefix: int, extra=lambda rows: ()) -> float:
-    """Median wall time of one forward over `rows` new rows after `prefix` cached ones."""
+def forward_call(module, arch, dtype, rows: int, prefix: int, extra=lambda rows: ()):
+    """One forward over `rows` new rows after `prefix` cached ones, inputs built once."""
     caches = empty_caches(arch, arch.num_layers, prefix + rows, dtype)
     positions = torch.arange(prefix, prefix + rows)
     args = (torch.zeros(1, rows, dtype=torch.long), positions[None], causal_chunk_mask(prefix, rows), positions,
             *caches, *extra(rows))
-    times = []
+    return lambda: module(*args)
+
+
+def fastest_seconds(calls: dict, rounds: int = TIMING_ROUNDS) -> dict:
+    """Each call's fastest wall time over `rounds` interleaved rounds. Other work on the
+    machine only ever adds time, so the minimum is the least disturbed estimate, and
+    interleaving spreads any slow stretch over every call alike."""
+    best = dict.fromkeys(calls, float("inf"))
     with torch.no_grad():
-        module(*args)   # warm-up
-        for _ in range(TIMING_REPEATS):
-            start = time.perf_counter()
-            module(*args)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for call in calls.values():
+            call()   # warm-up
+        for _ in range(rounds):
+            for key, call in calls.items():
+                start = time.perf_counter()
+                call()
+                best[key] = min(best[key], time.perf_counter() - start)
+    return best
 
 
 def mask_rows(rows: int) -> tuple[torch.Tensor]:
@@ -134,16 +142,20 @@ def select_by_eq12(program: SpeculativeProgram, config, draft_only_passes, pilot
     target = program.graphs["target"].module
     dtype = next(target.parameters()).dtype
     gamma_max, prefix = config.select_max_tokens, config.train_seq_len
-    one = forward_seconds(target, arch, dtype, 1, prefix)
-    verify_cost = [forward_seconds(target, arch, dtype, rows, prefix) / one for rows in range(1, gamma_max + 2)]
-    verify_cost = [1.0] + verify_cost[1:]   # index γ: γ + 1 rows; a plain step is 1 by definition
-    candidates = []
     blocks = candidate_blocks(config, arch.num_layers)
-    for block in tqdm(blocks, desc="s3d: eq. 12 candidates", unit="block", dynamic_ncols=True):
-        module, records = build_draft(program, replace(config, skip_layers=block), draft_only_passes)
+    drafts = [build_draft(program, replace(config, skip_layers=block), draft_only_passes) for block in blocks]
+    calls = {("target", rows): forward_call(target, arch, dtype, rows, prefix) for rows in range(1, gamma_max + 2)}
+    for index, (module, _) in enumerate(drafts):
+        calls |= {(index, rows): forward_call(module, arch, dtype, rows, prefix, mask_rows)
+                  for rows in range(1, gamma_max + 1)}
+    seconds = fastest_seconds(calls)
+    one = seconds["target", 1]
+    verify_cost = [seconds["target", rows] / one for rows in range(1, gamma_max + 2)]   # index γ: γ + 1 rows
+    candidates = []
+    for index, (block, (module, records)) in enumerate(
+            tqdm(list(zip(blocks, drafts)), desc="s3d: eq. 12 candidates", unit="block", dynamic_ncols=True)):
         untrained, agreement = pilot(module, gamma_max)
-        draft_cost = [forward_seconds(module, arch, dtype, rows, prefix, mask_rows) / one
-                      for rows in range(1, gamma_max + 1)]
+        draft_cost = [seconds[index, rows] / one for rows in range(1, gamma_max + 1)]
         candidates.append(Candidate(block, module, records, untrained, agreement, draft_cost))
     chosen = max(candidates, key=lambda c: c.improvement(c.best_gamma(verify_cost), verify_cost))
     gamma = chosen.best_gamma(verify_cost)
