@@ -134,3 +134,42 @@ class EarlyExit:
     def _layer_masks(self, layer: int, mask: torch.Tensor) -> torch.Tensor | None:
         missing = self.missing[layer, : mask.shape[-1]]
         return mask & ~missing if bool(missing.any()) else None
+
+
+FEATURE = "final_hidden"   # top-layer (or exit-layer) state: the draft head's next input
+
+
+def previous_features(features: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's draft-head input: the feature of the token before it (zeros before the first)."""
+    first = torch.zeros_like(features[:1]) if before is None else before[None]
+    return torch.cat([first, features[:-1]])
+
+
+class FollowsAcceptedTokens:
+    """A drafter whose draft head must stay in step with what the target accepted: the
+    head's KV primed with every committed token, `feature` the next root's input."""
+
+    early: EarlyExit
+    feature: torch.Tensor | None = None
+    _undrafted_root: int | None = None   # a root the loop stepped without a draft
+
+    def _prime_prompt(self, prompt: torch.Tensor, prefill) -> None:
+        features = prefill.extras[FEATURE]
+        self.early.head.prime(prompt, 0, previous_features(features))
+        self.feature = features[-1]
+
+    def _follow(self, draft, acceptance, verification) -> None:
+        features = verification.extras[FEATURE]
+        start = int(verification.slots[0])
+        if draft is None:
+            if self._undrafted_root is not None:   # else the loop stepped without asking: the last token
+                self.early.head.prime(verification.slots.new_tensor([self._undrafted_root]), start,
+                                      self.feature[None])
+                self._undrafted_root = None
+            self.feature = features[-1]
+            return
+        path = acceptance.path
+        accepted = draft.node_tokens[path[1:]]
+        if accepted.numel():
+            self.early.head.prime(accepted, start + 1, features[path[:-1]])
+        self.feature = features[path[-1]]

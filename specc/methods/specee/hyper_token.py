@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from specc.errors import UsageError
-from specc.methods.specee.early_exit import DraftHead, EarlyExit
+from specc.methods.specee.early_exit import FEATURE, DraftHead, EarlyExit, FollowsAcceptedTokens
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.drafter import Draft, DraftBudget
@@ -47,7 +47,6 @@ from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeSpec
 from specc.runtime.verification import Verification
 
-FEATURE = "final_hidden"          # top-layer (or exit-layer) state: the draft head's next input
 CANDIDATES = "exit_candidates"    # Draft.extras: each node's draft-head top-K ids [n, K]
 EXIT_LAYER = "exit_layer"         # Verification.extras: the layer each node's logits were read at [n]
 
@@ -288,7 +287,7 @@ def _accept_paths(tree: DraftTree, tokens: torch.Tensor, path_logits: dict[int, 
     return Acceptance(best_path, best_next), best
 
 
-class TreeDrafter:
+class TreeDrafter(FollowsAcceptedTokens):
     """Tree mode's drafter: the draft head grows a token tree; the verifier's path states feed it."""
 
     def __init__(self, early: EarlyExit, depth: int, width: int):
@@ -296,12 +295,9 @@ class TreeDrafter:
         self.depth = depth
         self.width = width
         self.feature: torch.Tensor | None = None
-        self._undrafted_root: int | None = None   # a root the loop stepped without a draft
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        features = prefill.extras[FEATURE]
-        self.early.head.prime(prompt, 0, _previous_features(features))
-        self.feature = features[-1]
+        self._prime_prompt(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -317,22 +313,4 @@ class TreeDrafter:
         return Draft(tree, node_tokens, None, {CANDIDATES: candidates})
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
-        features = verification.extras[FEATURE]
-        start = int(verification.slots[0])
-        if draft is None:
-            if self._undrafted_root is not None:
-                self.early.head.prime(verification.slots.new_tensor([self._undrafted_root]), start,
-                                      self.feature[None])
-                self._undrafted_root = None
-            self.feature = features[-1]
-            return
-        path = acceptance.path
-        accepted = draft.node_tokens[path[1:]]
-        if accepted.numel():
-            self.early.head.prime(accepted, start + 1, features[path[:-1]])
-        self.feature = features[path[-1]]
-
-
-def _previous_features(features: torch.Tensor) -> torch.Tensor:
-    """Each prompt token's draft-head input: the feature of the token before it (zeros first)."""
-    return torch.cat([torch.zeros_like(features[:1]), features[:-1]])
+        self._follow(draft, acceptance, verification)

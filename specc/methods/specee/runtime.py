@@ -24,7 +24,8 @@ import torch
 
 from specc.errors import SpeccError, UsageError
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, SCHEDULE_KEY, SpecEEConfig
-from specc.methods.specee.early_exit import DraftHead, EarlyExit, ExitSchedule
+from specc.methods.specee.early_exit import (FEATURE, DraftHead, EarlyExit, ExitSchedule, FollowsAcceptedTokens,
+                                            previous_features)
 from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.runtime.acceptance import Acceptance
@@ -36,7 +37,6 @@ from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
 from specc.runtime.warm_up import untaken_size
 
-FEATURE = "final_hidden"
 EXACT_LOGITS, EXACT_FEATURES = "exact_logits", "exact_features"   # Draft.extras of the leading exact nodes
 DEFAULT_THRESHOLD = 0.5   # the paper's, for an engine whose threshold was never calibrated
 
@@ -110,7 +110,7 @@ class EarlyExitTarget:
         verification = self.full.prefill(tokens, start)
         self.early.written_by_full_model(verification.slots)
         features = verification.extras[FEATURE]
-        self.early.head.prime(tokens, start, _previous_features(features, self.feature))
+        self.early.head.prime(tokens, start, previous_features(features, self.feature))
         self.feature = features[-1]
         return verification
 
@@ -150,14 +150,13 @@ class PartialVerifier:
         self.full.commit(base, accepted_offsets)
 
 
-class EarlyExitDrafter:
+class EarlyExitDrafter(FollowsAcceptedTokens):
     """`lossless` mode: early-exit tokens are a chain the full model verifies."""
 
     def __init__(self, early: EarlyExit, max_steps: int):
         self.early = early
         self.max_steps = max_steps
         self.feature: torch.Tensor | None = None
-        self._undrafted_root: int | None = None   # a root the loop stepped without a draft
 
     def method_report(self) -> dict:
         return self.early.take_report()
@@ -165,9 +164,7 @@ class EarlyExitDrafter:
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         self.early.reset()
         self.early.written_by_full_model(prefill.slots)
-        features = prefill.extras[FEATURE]
-        self.early.head.prime(prompt, 0, _previous_features(features, None))
-        self.feature = features[-1]
+        self._prime_prompt(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -203,26 +200,7 @@ class EarlyExitDrafter:
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self.early.written_by_full_model(verification.slots)
-        features = verification.extras[FEATURE]
-        start = int(verification.slots[0])
-        if draft is None:
-            if self._undrafted_root is not None:   # else the loop stepped without asking: the last token
-                self.early.head.prime(verification.slots.new_tensor([self._undrafted_root]), start,
-                                      self.feature[None])
-                self._undrafted_root = None
-            self.feature = features[-1]
-            return
-        path = acceptance.path
-        accepted = draft.node_tokens[path[1:]]
-        if accepted.numel():
-            self.early.head.prime(accepted, start + 1, features[path[:-1]])
-        self.feature = features[path[-1]]
-
-
-def _previous_features(features: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
-    """Each token's draft-head input: the feature of the token before it (zeros before the first)."""
-    first = torch.zeros_like(features[:1]) if before is None else before[None]
-    return torch.cat([first, features[:-1]])
+        self._follow(draft, acceptance, verification)
 
 
 def _warm_up(early: EarlyExit, full: CachedModel) -> None:
