@@ -1,0 +1,379 @@
+"""FIRP: token-identical to HF greedy on every family and tree, the target's distribution
+when sampling, pseudo K/V that never reaches the committed cache, training that
+computes what inference computes, lowers the loss and is deterministic, the engine
+round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specc.capture.load import load_model, load_tokenizer
+from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError, UsageError
+from specc.methods.descriptor import get_method
+from specc.methods.firp import FIRPConfig
+from specc.methods.firp.config import sized_tree, tree_widths
+from specc.methods.firp.runtime import PSEUDO_LOGITS, PSEUDO_NODES
+from specc.methods.firp.train import PseudoStudent, _Teacher, projection_parameters, train_projections
+from specc.runtime.context import MethodContext
+from specc.runtime.generate import generate
+from specc.runtime.sampling import SamplingConfig
+from specc.runtime.cached_model import chunk_layout
+from specc.runtime.drafter import DraftBudget
+from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
+                           exact_marginals, hf_greedy, sample_calibration_text, varied_prompts)
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+TRAIN = ["train_steps=10", "train_seq_len=32", "train_windows=8", "eval_sequences=2", "eval_every=10",
+         "learning_rate=1e-2"]
+METHOD = get_method("firp")
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
+    """(family, backend) -> (engine trained for a few steps, target checkpoint)."""
+    built = {}
+
+    def get(family: str, backend: str = "eager"):
+        if (family, backend) not in built:
+            target = checkpoints(family)[0]
+            root = tmp_path_factory.mktemp(f"firp-{family}-{backend}")
+            calib = sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=0.5)
+            # The tiny qwen2 checkpoint's tokenizer loads as Qwen2Tokenizer, which encodes its
+            # word-level text to nothing; losslessness does not depend on the training.
+            training = ["train_steps=0"] if family == "qwen2" else [*TRAIN, f"calib_data={calib}"]
+            compile_engine(CompileRequest(model=str(target), method="firp", output=root / "engine",
+                                          backend=backend, max_seq_len=MAX_SEQ_LEN, settings=training))
+            built[family, backend] = (load_engine(root / "engine"), target)
+        return built[family, backend]
+
+    return get
+
+
+def assert_identical(generate_ids, target: Path) -> list:
+    return assert_matches_hf_greedy(generate_ids, target, varied_prompts(20, 96, seed=11), MAX_NEW_TOKENS)
+
+
+def runtime(context: MethodContext, config: FIRPConfig):
+    """(target, drafter, rounds): `rounds` records (tree, accepted path) of every speculative round."""
+    built = METHOD.build_runtime(context, config)
+    rounds = []
+    observe = built.drafter.observe
+
+    def record(draft, acceptance, verification):
+        if draft is not None:
+            rounds.append((draft.tree, acceptance.path))
+        observe(draft, acceptance, verification)
+
+    built.drafter.observe = record
+    return built.target, built.drafter, rounds
+
+
+def nudge(program, scale: float, seed: int = 0) -> None:
+    """Move the projections off identity/zero (drafts that are sometimes right, sometimes wrong)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in projection_parameters(program.graphs["target"].module).values():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+
+
+# --- losslessness ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_matches_hf_greedy(engines, family):
+    engine, target = engines(family)
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    assert 0 < accepted < drafted, "the draft should be accepted sometimes, rejected sometimes"
+    assert max(r.stats.drafted_tokens / max(1, r.stats.target_forward_passes - 1) for r in results) <= 5
+
+
+@pytest.fixture(scope="module")
+def llama_program(checkpoints):
+    """An in-memory llama FIRP program with nudged projections, and its target checkpoint."""
+    target = checkpoints("llama")[0]
+    program = build_program({"target": load_model(target)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    nudge(program, 0.05)
+    return program, target
+
+
+@pytest.mark.parametrize("tree,pseudo_rows", [("chain", "chain"), ("16", "all"), ("63", "chain"), ("3,1,2", "all")])
+def test_trees_and_pseudo_row_choices_match_hf_greedy(llama_program, tree, pseudo_rows):
+    program, target = llama_program
+    config = FIRPConfig(tree=tree, pseudo_rows=pseudo_rows)
+    model, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), config)
+    assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
+    assert rounds and any(len(path) > 1 for _, path in rounds), "nothing was ever accepted"
+    assert max(tree.spec.depth for tree, _ in rounds) == 3
+    if tree in ("16", "63"):
+        assert any(node not in t.chain_nodes for t, path in rounds for node in path[1:]), \
+            "no sibling was ever accepted; the tree lost coverage"
+
+
+# llama by default; the other families (a compile each) behind the slow marker
+LOWERED_FAMILIES = [pytest.param(f, marks=() if f == "llama" else pytest.mark.slow) for f in FAMILIES]
+
+
+@pytest.mark.parametrize("family", LOWERED_FAMILIES)
+def test_inductor_matches_hf_greedy(engines, family):
+    engine, target = engines(family, "inductor")
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_aoti_matches_hf_greedy(engines, family):
+    engine, target = engines(family, "aoti")
+    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["target.pt2"]
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+def test_onnx_matches_hf_greedy(engines):
+    pytest.importorskip("onnxruntime", reason="the onnx backend needs pip install 'specc[onnx]'")
+    engine, target = engines("llama", "onnx")
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+def test_kernels_match_hf_greedy(checkpoints, tmp_path):
+    """Attention through specc's tree-attention op (`--kernels`) reads the same extended mask."""
+    target = checkpoints("llama")[0]
+    compile_engine(CompileRequest(model=str(target), method="firp", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN, kernels=True, settings=["train_steps=0"]))
+    engine = load_engine(tmp_path / "engine")
+    assert engine.manifest["kernels"] == {"target": ["tree_attention"]}
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+
+
+def test_near_the_length_limit_forwards_run_without_pseudo_rows(llama_program):
+    program, target = llama_program
+    model, drafter, rounds = runtime(MethodContext.eager(program, 40), FIRPConfig(pseudo_rows="all"))
+    prompt = varied_prompts(8, 96, seed=3)[7]   # 34 tokens: a tree's 6 nodes and 18 pseudo rows do not fit in 40
+    assert len(prompt) == 34
+    result = generate(model, drafter, prompt, 6, SamplingConfig(), 40)
+    assert result.token_ids == hf_greedy(target, [prompt], 6)[0]
+
+
+# --- pseudo K/V is never committed ----------------------------------------------
+
+
+def test_committed_cache_is_what_the_plain_target_writes(llama_program):
+    """After a FIRP generation, every committed row equals the K/V of one plain causal forward
+    of the same tokens (no pseudo rows), though pseudo rows wrote scratch slots all along."""
+    program, _ = llama_program
+    model, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig(tree="16",
+                                                                                           pseudo_rows="all"))
+    prompt = varied_prompts(4, 96, seed=2)[3]
+    result = generate(model, drafter, prompt, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN)
+    assert rounds and any(len(path) > 1 for _, path in rounds)
+    committed = len(prompt) + len(result.token_ids) - 1
+    plain, _, _ = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig())
+    with torch.inference_mode():
+        plain.model.run(torch.tensor(prompt + result.token_ids[:-1]),
+                        *chunk_layout(0, committed, "cpu"), torch.arange(committed)[None],
+                        torch.zeros(1, committed, dtype=torch.long))
+    for got, want in zip(model.cache.tensors, plain.cache.tensors):
+        torch.testing.assert_close(got[:, :, :committed], want[:, :, :committed], rtol=1e-5, atol=1e-5)
+    assert any((got[:, :, committed:] != 0).any() for got in model.cache.tensors), "no scratch was ever written"
+
+
+def test_poisoned_scratch_changes_nothing(llama_program):
+    """Overwrite every slot past the real rows after each forward: the output stays HF greedy."""
+    program, target = llama_program
+    model, drafter, _ = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig(tree="cpu"))
+    run = model.model.run
+
+    def poisoning(tokens, positions, slots, mask, *extra):
+        verification = run(tokens, positions, slots, mask, *extra)
+        real = int((extra[1][0] == 0).sum())
+        for cache in model.cache.tensors:
+            cache[:, :, int(slots[real - 1]) + 1:] = 1e4
+        return verification
+
+    model.model.run = poisoning
+    assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN),
+                     target)
+
+
+def test_verification_returns_tree_rows_and_pseudo_logits_per_anchor(llama_program):
+    program, _ = llama_program
+    model, drafter, _ = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig(tree="cpu"))
+    with torch.inference_mode():
+        prefill = model.prefill(torch.tensor([5, 9, 7, 11]), 0)
+        assert prefill.logits.shape == (4, 96)
+        assert prefill.extras[PSEUDO_LOGITS].shape == (1, 3, 96)
+        assert prefill.extras[PSEUDO_NODES].tolist() == [3]
+        drafter.begin(torch.tensor([5, 9, 7, 11]), prefill)
+        draft = drafter.propose([5, 9, 7, 11, 13], DraftBudget(20, 80), SamplingConfig(), None)
+        assert draft.tree.spec.widths == (2, 2, 1)
+        assert draft.node_tokens[1:3].tolist() == prefill.extras[PSEUDO_LOGITS][0, 0].topk(2).indices.tolist()
+        verification = model.verify_tree(draft, 4)
+    assert verification.logits.shape == (6, 96)
+    assert verification.extras[PSEUDO_NODES].tolist() == [0, 1, 3, 5]   # the root and the chain
+    assert verification.extras[PSEUDO_LOGITS].shape == (4, 3, 96)
+
+
+# --- sampling keeps the target distribution ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A 16-token model with no EOS and its FIRP program (projections nudged off identity)."""
+    checkpoint = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("vocab16") / "model", seed=3,
+                                       vocab_size=16, eos_token_id=None)
+    model = load_model(checkpoint)
+    program = build_program({"target": model}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    nudge(program, 0.1, seed=1)
+    return model, program
+
+
+@pytest.mark.parametrize("tree,sampling", [
+    ("chain", SamplingConfig(temperature=1.0)),
+    ("cpu", SamplingConfig(temperature=0.8, top_p=0.9)),
+])
+def test_sampling_matches_the_target_distribution(small_vocab, tree, sampling):
+    model, program = small_vocab
+    target, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig(tree=tree))
+    prompt = [5, 9, 7]
+    counts = torch.zeros(2, 16)
+    for seed in range(1200):
+        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
+        tokens = generate(target, drafter, prompt, 3, run, MAX_SEQ_LEN).token_ids
+        counts[0, tokens[1]] += 1
+        counts[1, tokens[2]] += 1
+    second, third = exact_marginals(model, prompt, sampling)
+    assert_distribution(counts[0], second, "second token")
+    assert_distribution(counts[1], third, "third token")
+    accepted = [len(path) - 1 for _, path in rounds]
+    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+
+
+# --- the engine and its config ----------------------------------------------------
+
+
+def test_engine_stores_the_projections_with_its_report(engines):
+    engine, _ = engines("llama")
+    assert set(engine.manifest["graphs"]) == {"target"}
+    source = load_file(str(engine.path / "weights" / "target.safetensors"))
+    added = load_file(str(engine.path / "weights" / "added.safetensors"))
+    assert sorted(added) == [f"firp_proj.{i}.{kind}" for i in (1, 2, 3) for kind in ("bias", "weight")]
+    assert not any(name.startswith("firp_") for name in source)
+    assert not torch.equal(added["firp_proj.1.weight"], torch.eye(64)), "training should move W_1"
+    state = engine.method_state
+    assert state["pseudo_layers"] == [1, 2, 2] and state["steps"] == 3 and state["tree_widths"] == [2, 2, 1]
+    agreement = state["heldout_agreement_by_step"]
+    assert len(agreement["before"]) == len(agreement["after"]) == 3
+    assert [r["steps"] for r in state["training"]] == [10, 10, 10] and state["train_seconds"] > 0
+    record = [r for r in engine.manifest["passes"] if r["graph"] == "target"][-1]
+    assert record["pass_name"] == "insert_pseudo_hidden_projections"
+    assert record["added_inputs"] == ["pseudo_source", "pseudo_step"]
+    assert len(record["added_parameters"]) == 6
+
+
+def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):
+    for bad in ("steps=0", "layers=2,1", "tree=5", "tree=2,2", "tree=0,1,1", "pseudo_rows=some",
+                "train_seq_len=4"):
+        with pytest.raises(UsageError, match=bad.split("=")[0]):
+            FIRPConfig.from_assignments([bad])
+    assert tree_widths("16", 3) == (7, 5, 3) and tree_widths("32", 3) == (14, 10, 7)
+    assert tree_widths("63", 3) == (28, 20, 14) and tree_widths("cpu", 2) == (2, 2)
+    assert sum(sized_tree(16, 4)) == 15 and FIRPConfig(layers=(1, 2)).widths() == (2, 2)
+    request = CompileRequest(model=str(checkpoints("llama")[0]), method="firp", output=tmp_path / "engine",
+                             settings=["layers=1,3", "train_steps=0"])
+    with pytest.raises(SpeccError, match="layers=1,3"):
+        compile_engine(request)
+
+
+# --- compile-time training --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainable(checkpoints, tmp_path_factory):
+    """A llama FIRP program, its initial projections, tokenizer, calibration text."""
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=128,
+                                    temperature=0.5)
+    program = build_program({"target": load_model(target)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in projection_parameters(program.graphs["target"].module).items()}
+    return program, initial, load_tokenizer(target), calib
+
+
+def train_from_initial(trainable, *settings: str):
+    program, initial, tokenizer, calib = trainable
+    with torch.no_grad():
+        for name, p in projection_parameters(program.graphs["target"].module).items():
+            p.copy_(initial[name])
+    config = FIRPConfig.from_assignments([f"calib_data={calib}", "train_seq_len=48", "eval_sequences=4",
+                                          *settings])
+    return train_projections(program, config, tokenizer)
+
+
+def test_training_lowers_the_loss_of_every_step(trainable):
+    result = train_from_initial(trainable, "train_steps=120", "learning_rate=1e-2", "eval_every=120")
+    for report in result.state["training"]:
+        assert report["heldout"][-1]["loss"] < report["heldout"][0]["loss"] - 0.1
+        assert report["train_loss_last"] < report["train_loss_first"]
+    assert result.state["teacher_seconds"] > 0
+
+
+def test_training_is_deterministic_for_a_seed(trainable):
+    first = train_from_initial(trainable, "train_steps=8", "seed=5")
+    again = train_from_initial(trainable, "train_steps=8", "seed=5")
+    other = train_from_initial(trainable, "train_steps=8", "seed=6")
+    names = list(first.weights)
+    assert all(torch.equal(first.weights[name], again.weights[name]) for name in names)
+    assert first.state["heldout_agreement_by_step"] == again.state["heldout_agreement_by_step"]
+    assert not all(torch.equal(first.weights[name], other.weights[name]) for name in names)
+
+
+def test_the_student_computes_what_inference_computes(llama_program):
+    """Step i's training rows (deep cut, teacher K/V, earlier steps' stored pseudo K/V) give
+    the logits the runtime's pseudo rows give for the same anchor."""
+    program, _ = llama_program
+    target_graph = program.graphs["target"].module
+    arch = program.graphs["target"].architecture
+    layers = FIRPConfig().pass_config().resolve(arch.num_layers)
+    window = torch.tensor(varied_prompts(8, 96, seed=4)[6][:12])
+    stored = _Teacher(target_graph, arch, layers, 8)(window)
+    parameters = projection_parameters(target_graph)
+    students = [PseudoStudent(target_graph, t, i, len(layers), parameters[f"firp_proj.{i}.weight"],
+                              parameters[f"firp_proj.{i}.bias"]) for i, t in enumerate(layers, start=1)]
+    trained = []
+    with torch.no_grad():
+        for student in students:
+            trained.append(student(stored))
+            student.keep_pseudo_kv(stored)
+    model, _, _ = runtime(MethodContext.eager(program, MAX_SEQ_LEN), FIRPConfig())
+    anchor = 6
+    with torch.inference_mode():
+        pseudo = model.prefill(window[: anchor + 1], 0).extras[PSEUDO_LOGITS][0]
+    for i, logits in enumerate(trained, start=1):
+        torch.testing.assert_close(logits[anchor], pseudo[i - 1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_training_raises_the_agreement_of_every_step_on_a_trained_model():
+    """Random tiny models have no predictable future (training lowers the loss by hedging, and
+    top-1 agreement is noise), so agreement is checked on the `tiny` reference model, trained
+    on real text (cached after its first build, about a minute on two cores)."""
+    from specc.refmodels import build_reference_model
+
+    checkpoint = build_reference_model("tiny", progress=False)
+    program = build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    config = FIRPConfig.from_assignments(["train_steps=200", "train_seq_len=64", "learning_rate=3e-3",
+                                          "eval_every=200", "eval_sequences=8"])
+    result = train_projections(program, config, load_tokenizer(checkpoint))
+    agreement = result.state["heldout_agreement_by_step"]
+    assert all(after > before + 0.03 for before, after in zip(agreement["before"], agreement["after"])), agreement
