@@ -32,7 +32,7 @@ from specc.runtime.stats import GenerationStats
 # drafter that may stop early, γ is the bound and an early stop counts as a
 # rejection in the α_k measured from CTAR, so τ still matches the rounds.
 DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "draft_tokens", "max_draft_tokens", "max_draft_steps", "draft_depth",
-                      "gamma", "num_speculative_tokens")
+                      "gamma", "num_speculative_tokens", "steps")
 
 
 def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float,

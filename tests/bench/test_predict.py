@@ -39,6 +39,7 @@ def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
 def test_draft_depth_from_method_config():
     assert draft_depth({"num_draft_tokens": 4, "tree_width": 1}) == 4
     assert draft_depth({"tree_width": 2}) is None
+    assert draft_depth({"steps": 3, "train_steps": 100}) == 3   # FIRP's k
 
 
 def test_predict_combines_measured_costs():
