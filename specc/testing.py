@@ -220,6 +220,44 @@ def assert_distribution(counts, expected, label: str) -> None:
     assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
 
 
+def recording_rounds(built):
+    """A method runtime's (target, drafter, rounds): `rounds` records (tree, accepted path)
+    of every speculative round the drafter observes."""
+    rounds = []
+    observe = built.drafter.observe
+
+    def record(draft, acceptance, verification):
+        if draft is not None:
+            rounds.append((draft.tree, acceptance.path))
+        observe(draft, acceptance, verification)
+
+    built.drafter.observe = record
+    return built.target, built.drafter, rounds
+
+
+def assert_samples_the_target(model, target, drafter, rounds: list, sampling, max_seq_len: int,
+                              samples: int = 1200) -> None:
+    """Sampled generation through a speculative runtime reproduces the target's exact
+    distribution of the 2nd and 3rd tokens after a fixed prompt, while acceptance varies."""
+    import torch
+
+    from specc.runtime.generate import generate
+    from specc.runtime.sampling import SamplingConfig
+
+    prompt = [5, 9, 7]
+    counts = torch.zeros(2, model.config.vocab_size)
+    for seed in range(samples):
+        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
+        tokens = generate(target, drafter, prompt, 3, run, max_seq_len).token_ids
+        counts[0, tokens[1]] += 1
+        counts[1, tokens[2]] += 1
+    second, third = exact_marginals(model, prompt, sampling)
+    assert_distribution(counts[0], second, "second token")
+    assert_distribution(counts[1], third, "third token")
+    accepted = [len(path) - 1 for _, path in rounds]
+    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+
+
 def sample_calibration_text(checkpoint: Path, path: Path, sequences: int, length: int = 64,
                             temperature: float = 1.0) -> Path:
     """Text the target itself samples, written as the tiny tokenizer's words (training data a

@@ -31,8 +31,8 @@ from specc.methods.kangaroo.train import adapter_parameters, train_adapter
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, sample_calibration_text, varied_prompts)
+from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+                           recording_rounds, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -86,18 +86,7 @@ def runtime(context: MethodContext, config: KangarooConfig, graphs: dict | None 
     """(target, drafter, rounds) over the context's graphs (or `graphs` in their place);
     `rounds` records (tree, accepted path) of every speculative round."""
     context = dataclasses.replace(context, graphs=graphs or context.graphs)
-    built = build_runtime(context, config)
-    target, drafter = built.target, built.drafter
-    rounds = []
-    observe = drafter.observe
-
-    def record(draft, acceptance, verification):
-        if draft is not None:
-            rounds.append((draft.tree, acceptance.path))
-        observe(draft, acceptance, verification)
-
-    drafter.observe = record
-    return target, drafter, rounds
+    return recording_rounds(build_runtime(context, config))
 
 
 # --- losslessness ------------------------------------------------------------
@@ -227,19 +216,7 @@ def test_sampling_matches_the_target_distribution(small_vocab, one_thread, varia
         state = {DRAFT_VOCABULARY_KEY: list(ids)}
     context = MethodContext.eager(program, MAX_SEQ_LEN, state=state)
     target, drafter, rounds = runtime(context, KangarooConfig(**settings))
-    prompt = [5, 9, 7]
-    counts = torch.zeros(2, 16)
-    samples = 1200
-    for seed in range(samples):
-        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
-        tokens = generate(target, drafter, prompt, 3, run, MAX_SEQ_LEN).token_ids
-        counts[0, tokens[1]] += 1
-        counts[1, tokens[2]] += 1
-    second, third = exact_marginals(model, prompt, sampling)
-    assert_distribution(counts[0], second, "second token")
-    assert_distribution(counts[1], third, "third token")
-    accepted = [len(path) - 1 for _, path in rounds]
-    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+    assert_samples_the_target(model, target, drafter, rounds, sampling, MAX_SEQ_LEN)
 
 
 # --- the engine ------------------------------------------------------------------

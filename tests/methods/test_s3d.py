@@ -23,8 +23,8 @@ from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, sample_calibration_text, varied_prompts)
+from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+                           recording_rounds, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -61,16 +61,7 @@ def assert_identical(generate_ids, target: Path) -> list:
 def runtime(context: MethodContext, config: S3DConfig):
     """(target, drafter, rounds): `rounds` records (tree, accepted path) of every speculative round."""
     built = METHOD.build_runtime(context, config)
-    rounds = []
-    observe = built.drafter.observe
-
-    def record(draft, acceptance, verification):
-        if draft is not None:
-            rounds.append((draft.tree, acceptance.path))
-        observe(draft, acceptance, verification)
-
-    built.drafter.observe = record
-    return built.target, built.drafter, rounds
+    return recording_rounds(built)
 
 
 # --- losslessness ------------------------------------------------------------
@@ -184,18 +175,7 @@ def test_sampling_matches_the_target_distribution(small_vocab, variant, sampling
     model, program = small_vocab
     config = S3DConfig(draft_tokens=2, tree_width=3 if variant == "tree" else 1, tree_threshold=1.0)
     target, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), config)
-    prompt = [5, 9, 7]
-    counts = torch.zeros(2, 16)
-    for seed in range(1200):
-        run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
-        tokens = generate(target, drafter, prompt, 3, run, MAX_SEQ_LEN).token_ids
-        counts[0, tokens[1]] += 1
-        counts[1, tokens[2]] += 1
-    second, third = exact_marginals(model, prompt, sampling)
-    assert_distribution(counts[0], second, "second token")
-    assert_distribution(counts[1], third, "third token")
-    accepted = [len(path) - 1 for _, path in rounds]
-    assert 0 < sum(accepted) < sum(tree.spec.depth for tree, _ in rounds), "acceptance never varied"
+    assert_samples_the_target(model, target, drafter, rounds, sampling, MAX_SEQ_LEN)
 
 
 # --- the engine ------------------------------------------------------------------
