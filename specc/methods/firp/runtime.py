@@ -31,7 +31,8 @@ from specc.methods.firp.config import FIRPConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
-from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
+from specc.runtime.sampling import SamplingConfig, probabilities
 from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.runtime.verification import Verification
 
@@ -180,32 +181,12 @@ class PseudoStateDrafter:
     def _sampled_chain(self, root_token: int, logits: torch.Tensor, sampling: SamplingConfig,
                        generator: torch.Generator | None) -> Draft:
         """Each depth sampled from its pseudo step's distribution q_d (Leviathan acceptance)."""
-        probs = probabilities(logits, sampling)
-        chain = []
-        for q in probs:
-            chain.append(sample(q, generator))
-            if chain[-1] in self._eos:
-                break
-        return Draft(tree=tree_tensors(TreeSpec.chain(len(chain))),
-                     node_tokens=torch.tensor([root_token, *chain], device=self.device),
-                     draft_probs=probs[: len(chain)])
+        return sampled_chain(root_token, probabilities(logits, sampling), self._eos, generator)
 
     def _top_k_tree(self, root_token: int, logits: torch.Tensor, max_nodes: int, sampling: SamplingConfig) -> Draft:
-        """The configured widths: the top-w of each step, the first continuing the chain;
-        the chain stops after an end-of-sequence token."""
+        """The configured widths: the top-w of each step, the first continuing the chain."""
         scores = logits.float() if sampling.greedy else probabilities(logits, sampling)
-        node_tokens, widths = [root_token], []
-        for q, width in zip(scores, self.widths):
-            width = min(width, max_nodes - len(node_tokens))
-            if width < 1:
-                break
-            level = q.topk(width).indices.tolist()
-            node_tokens += level
-            widths.append(width)
-            if level[0] in self._eos:
-                break
-        return Draft(tree=tree_tensors(TreeSpec(tuple(widths))),
-                     node_tokens=torch.tensor(node_tokens, device=self.device))
+        return top_k_fan(root_token, scores, list(self.widths), max_nodes, self._eos)
 
 
 def build_runtime(context, config: FIRPConfig) -> MethodRuntime:

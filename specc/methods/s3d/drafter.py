@@ -17,8 +17,8 @@ from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.drafter import Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
-from specc.runtime.sampling import SamplingConfig, probabilities, sample
-from specc.runtime.tree import TreeSpec, tree_tensors
+from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
+from specc.runtime.sampling import SamplingConfig, probabilities
 from specc.runtime.verification import Verification
 
 
@@ -58,33 +58,11 @@ class MaskTokenDrafter:
 
     def _sampled_chain(self, root_token: int, logits: torch.Tensor, sampling: SamplingConfig,
                        generator: torch.Generator | None) -> Draft:
-        """Each depth sampled from its own draft distribution q_d (Leviathan acceptance
-        needs only the q each token was drawn from)."""
-        probs = probabilities(logits, sampling)
-        chain = []
-        for q in probs:
-            chain.append(sample(q, generator))
-            if chain[-1] in self._eos:
-                break
-        return Draft(tree=tree_tensors(TreeSpec.chain(len(chain))),
-                     node_tokens=torch.tensor([root_token, *chain], device=self.draft.device),
-                     draft_probs=probs[: len(chain)])
+        return sampled_chain(root_token, probabilities(logits, sampling), self._eos, generator)
 
     def _top_k_tree(self, root_token: int, logits: torch.Tensor, max_nodes: int, sampling: SamplingConfig) -> Draft:
         """The top-1 chain, with the top-k at depths whose top-1 probability is below
         `tree_threshold`; the chain stops after an end-of-sequence token."""
         probs = torch.softmax(logits.float(), dim=-1) if sampling.greedy else probabilities(logits, sampling)
-        node_tokens, widths = [root_token], []
-        for q in probs:
-            confident = float(q.max()) >= self.config.tree_threshold
-            width = min(1 if confident else self.config.tree_width, max_nodes - len(node_tokens))
-            if width < 1:
-                break
-            level = q.topk(width).indices.tolist()
-            node_tokens += level
-            widths.append(width)
-            if level[0] in self._eos:
-                break
-        return Draft(tree=tree_tensors(TreeSpec(tuple(widths))),
-                     node_tokens=torch.tensor(node_tokens, device=self.draft.device))
-
+        widths = [1 if float(q.max()) >= self.config.tree_threshold else self.config.tree_width for q in probs]
+        return top_k_fan(root_token, probs, widths, max_nodes, self._eos)
