@@ -220,6 +220,31 @@ def assert_distribution(counts, expected, label: str) -> None:
     assert result.pvalue > 1e-3, f"{label}: chi-square p={result.pvalue:.2e}, observed {counts.tolist()}"
 
 
+def trained_engines(method: str, checkpoints, tmp_path_factory, training: list[str], max_seq_len: int,
+                    temperature: float = 1.0):
+    """(family, backend) -> (engine of `method` trained with `training` on text the target
+    samples, target checkpoint), compiled once each. The tiny qwen2 checkpoint's tokenizer
+    loads as Qwen2Tokenizer, which encodes its word-level text to nothing, so qwen2 engines
+    stay untrained (losslessness does not depend on the training)."""
+    from specc.compiler import CompileRequest, compile_engine
+    from specc.engine.loaded import load_engine
+
+    built = {}
+
+    def get(family: str, backend: str = "eager"):
+        if (family, backend) not in built:
+            target = checkpoints(family)[0]
+            root = tmp_path_factory.mktemp(f"{method}-{family}-{backend}")
+            calib = sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=temperature)
+            settings = ["train_steps=0"] if family == "qwen2" else [*training, f"calib_data={calib}"]
+            compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
+                                          backend=backend, max_seq_len=max_seq_len, settings=settings))
+            built[family, backend] = (load_engine(root / "engine"), target)
+        return built[family, backend]
+
+    return get
+
+
 def recording_rounds(built):
     """A method runtime's (target, drafter, rounds): `rounds` records (tree, accepted path)
     of every speculative round the drafter observes."""

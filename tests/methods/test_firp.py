@@ -26,7 +26,7 @@ from specc.runtime.sampling import SamplingConfig
 from specc.runtime.cached_model import chunk_layout
 from specc.runtime.drafter import DraftBudget
 from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
-                           hf_greedy, recording_rounds, sample_calibration_text, varied_prompts)
+                           hf_greedy, recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -38,22 +38,7 @@ METHOD = get_method("firp")
 @pytest.fixture(scope="module")
 def engines(checkpoints, tmp_path_factory):
     """(family, backend) -> (engine trained for a few steps, target checkpoint)."""
-    built = {}
-
-    def get(family: str, backend: str = "eager"):
-        if (family, backend) not in built:
-            target = checkpoints(family)[0]
-            root = tmp_path_factory.mktemp(f"firp-{family}-{backend}")
-            calib = sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=0.5)
-            # The tiny qwen2 checkpoint's tokenizer loads as Qwen2Tokenizer, which encodes its
-            # word-level text to nothing; losslessness does not depend on the training.
-            training = ["train_steps=0"] if family == "qwen2" else [*TRAIN, f"calib_data={calib}"]
-            compile_engine(CompileRequest(model=str(target), method="firp", output=root / "engine",
-                                          backend=backend, max_seq_len=MAX_SEQ_LEN, settings=training))
-            built[family, backend] = (load_engine(root / "engine"), target)
-        return built[family, backend]
-
-    return get
+    return trained_engines("firp", checkpoints, tmp_path_factory, TRAIN, MAX_SEQ_LEN, temperature=0.5)
 
 
 def assert_identical(generate_ids, target: Path) -> list:
