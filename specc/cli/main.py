@@ -1,4 +1,4 @@
-"""`specc compile | run | chat | serve | inspect | methods | bench`."""
+"""`specc compile | run | chat | serve | inspect | methods | bench | distill-data`."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specc {__version__}")
     _global_options(parser, suppress=False)
     verbs = parser.add_subparsers(dest="verb", required=True,
-                                  metavar="{compile,run,chat,serve,inspect,methods,bench}")
-    for add in (_add_compile, _add_run, _add_chat, _add_serve, _add_inspect, _add_methods, _add_bench):
+                                  metavar="{compile,run,chat,serve,inspect,methods,bench,distill-data}")
+    for add in (_add_compile, _add_run, _add_chat, _add_serve, _add_inspect, _add_methods, _add_bench,
+                _add_distill_data):
         _global_options(add(verbs), suppress=True)
     return parser
 
@@ -192,6 +193,32 @@ def _add_bench(verbs):
     return p
 
 
+def _add_distill_data(verbs):
+    p = _verb(verbs, "distill-data", "write training text for the drafters: the model's own replies to prompts",
+              "  specc distill-data ./my-model --prompts spec_bench --skip 80 --num-prompts 160 -o calib.jsonl\n"
+              "  specc compile ./my-model --method kangaroo --set calib_data=calib.jsonl -o engines/k\n",
+              description="Generate the model's greedy replies to a prompt set and write each conversation "
+                          "(prompt through the chat template where it is conversational, then the reply) as "
+                          "one JSONL record with a `text` field: training text for --set calib_data=FILE that "
+                          "looks like what the engine will decode. Skip the prompts you benchmark with --skip "
+                          "(prompts are taken in `specc bench` order).")
+    p.add_argument("model", help="Hugging Face checkpoint directory or .gguf file (as for `specc compile`)")
+    p.add_argument("-o", "--output", required=True, type=Path, help="JSONL file to write")
+    p.add_argument("--prompts", default="spec_bench", help="prompt set name (spec_bench, gsm8k, code, text) or a "
+                                                           "JSONL/text file")
+    p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N prompts")
+    p.add_argument("--num-prompts", type=int, default=128, metavar="N", help="prompts to answer")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="longest reply")
+    p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",
+                   help="skip prompts longer than this")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="prompts generated together")
+    p.add_argument("--dtype", default="float32", help=f"weight dtype while generating: {', '.join(DTYPES)}")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="encode conversational prompts as plain text, not chat-formatted")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     from specc import interrupts
 
@@ -224,7 +251,7 @@ def _dispatch(args) -> int:
     from specc.threads import apply_threads
 
     apply_threads(args.threads)
-    if args.verb in ("compile", "run", "chat", "serve", "bench"):
+    if args.verb in ("compile", "run", "chat", "serve", "bench", "distill-data"):
         _quiet_libraries(args.verbose or args.debug)
     if args.verb == "compile":
         return _compile(args)
@@ -245,6 +272,8 @@ def _dispatch(args) -> int:
         from specc.bench.command import run_bench
 
         return run_bench(args)
+    if args.verb == "distill-data":
+        return _distill_data(args)
     raise AssertionError(args.verb)
 
 
@@ -273,6 +302,18 @@ def _compile(args) -> int:
     seconds = report["compile_seconds"]
     print(f"wrote {args.output} in {seconds['total']:.1f}s"
           + (f" ({report['backend']} packaging {seconds['lowering']:.1f}s)" if seconds["lowering"] else ""))
+    return 0
+
+
+def _distill_data(args) -> int:
+    from specc.train.self_distill import DistillDataRequest, write_distill_data
+
+    report = write_distill_data(DistillDataRequest(
+        model=args.model, prompts=args.prompts, output=args.output, skip=args.skip, num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_prompt_tokens=args.max_prompt_tokens,
+        chat_template=not args.no_chat_template, dtype=args.dtype, force=args.force,
+    ))
+    print(f"wrote {args.output}: {report.summary()}")
     return 0
 
 
