@@ -77,6 +77,18 @@ def tiny_tokenizer(vocab_size: int = TINY_VOCAB):
                                    eos_token="</s>", unk_token="<unk>")
 
 
+# Word-level chat template: "w5 w6" as one user turn becomes "w10 w5 w6 w11 w12" (ids [10, 5, 6, 11, 12]).
+WORD_CHAT_TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
+                      "{% if add_generation_prompt %}w12{% endif %}")
+
+
+def tiny_chat_tokenizer(vocab_size: int = TINY_VOCAB):
+    """`tiny_tokenizer` with `WORD_CHAT_TEMPLATE` as its chat template."""
+    tokenizer = tiny_tokenizer(vocab_size)
+    tokenizer.chat_template = WORD_CHAT_TEMPLATE
+    return tokenizer
+
+
 def set_eos_to_a_generated_token(checkpoint: Path, prompts: list[list[int]], max_new_tokens: int) -> int:
     """Make some (not all) greedy generations stop early: pick a token that
     greedy decoding emits mid-way for a few prompts and declare it EOS."""

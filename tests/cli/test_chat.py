@@ -15,17 +15,8 @@ from specc.bench.prompts import Prompt, PromptSet, load_prompt_set
 from specc.chat import chat_prompt_ids, has_chat_template
 from specc.cli.main import build_parser, main
 from specc.errors import UsageError
-from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_tokenizer
+from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
 
-# Word-level: "w5 w6" as a user turn becomes "w10 w5 w6 w11 w12" -> ids [10, 5, 6, 11, 12].
-TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
-            "{% if add_generation_prompt %}w12{% endif %}")
-
-
-def _templated_tokenizer():
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +25,7 @@ def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat")
     plain = build_tiny_checkpoint("llama", root / "plain")
     chatty = build_tiny_checkpoint("llama", root / "chatty")
-    _templated_tokenizer().save_pretrained(chatty)
+    tiny_chat_tokenizer().save_pretrained(chatty)
     for checkpoint in (plain, chatty):
         assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / f"{checkpoint.name}-engine"),
                      "--max-seq-len", "48"]) == 0
@@ -42,7 +33,7 @@ def engines(tmp_path_factory):
 
 
 def test_chat_prompt_ids_apply_the_template_with_a_generation_prompt():
-    tokenizer = _templated_tokenizer()
+    tokenizer = tiny_chat_tokenizer()
     assert has_chat_template(tokenizer)
     assert chat_prompt_ids(tokenizer, "w5 w6") == [10, 5, 6, 11, 12]
 
@@ -53,7 +44,7 @@ def test_a_tokenizer_without_a_template_is_a_usage_error():
     with pytest.raises(UsageError, match="tokenizer has no chat template.*drop --chat"):
         chat_prompt_ids(tokenizer, "w5")
     with pytest.raises(UsageError, match="prompt is empty"):
-        chat_prompt_ids(_templated_tokenizer(), "")
+        chat_prompt_ids(tiny_chat_tokenizer(), "")
 
 
 def test_run_chat_generates_from_the_templated_prompt(engines, capsys):
@@ -95,14 +86,14 @@ PROMPTS = PromptSet("mixed", [Prompt("w5 w6", "qa", chat=True), Prompt("w7 w8", 
 
 
 def test_bench_formats_conversational_prompts_with_the_template():
-    prompts, ids, notes = _encode_fitting(_fake_engine(_templated_tokenizer()), PROMPTS, 8)
+    prompts, ids, notes = _encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8)
     assert ids == [[10, 5, 6, 11, 12], [7, 8]]
     assert [p["chat_template"] for p in prompts] == [True, False]
     assert any("1 conversational prompt(s) formatted with the model's chat template" in n for n in notes)
 
 
 def test_bench_no_chat_template_encodes_plain_text():
-    prompts, ids, notes = _encode_fitting(_fake_engine(_templated_tokenizer()), PROMPTS, 8, chat_template=False)
+    prompts, ids, notes = _encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8, chat_template=False)
     assert ids == [[5, 6], [7, 8]] and not any(p["chat_template"] for p in prompts) and notes == []
 
 

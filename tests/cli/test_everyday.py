@@ -14,19 +14,14 @@ import pytest
 
 from specc import threads
 from specc.cli.main import build_parser, main
-from specc.testing import build_tiny_checkpoint, tiny_tokenizer
-
-TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
-            "{% if add_generation_prompt %}w12{% endif %}")
+from specc.testing import build_tiny_checkpoint, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("everyday")
     checkpoint = build_tiny_checkpoint("llama", root / "model")
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(checkpoint)
+    tiny_chat_tokenizer().save_pretrained(checkpoint)
     assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / "engine"),
                  "--max-seq-len", "64"]) == 0
     return root, checkpoint, root / "engine"

@@ -20,10 +20,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from specc.cli.main import main  # noqa: E402
-from specc.testing import build_tiny_checkpoint, tiny_tokenizer  # noqa: E402
+from specc.testing import build_tiny_checkpoint, tiny_chat_tokenizer  # noqa: E402
 
-TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
-            "{% if add_generation_prompt %}w12{% endif %}")
 MODEL = "tiny"
 
 
@@ -80,9 +78,7 @@ def engine(tmp_path_factory):
     weights = load_file(str(checkpoint / "model.safetensors"))
     weights["lm_head.weight"][2] = 0.0          # EOS (id 2) practically never wins: long generations
     save_file(weights, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(checkpoint)
+    tiny_chat_tokenizer().save_pretrained(checkpoint)
     assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / "engine"),
                  "--max-seq-len", "1024"]) == 0
     return root / "engine"

@@ -7,12 +7,9 @@ import json
 import pytest
 
 from specc.cli.main import main
-from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_tokenizer
+from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
 from specc.train.corpus import token_windows
 
-# Word-level: "w5 w6" as a user turn becomes "w10 w5 w6 w11 w12".
-TEMPLATE = ("{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}"
-            "{% if add_generation_prompt %}w12{% endif %}")
 PROMPTS = ["w5 w6", "w7 w8 w9 w13 w14", "w20", "w21 w22 w23", "w30 w31 w32 w33 w34 w35 w36", "w40 w41"]
 
 
@@ -20,9 +17,7 @@ PROMPTS = ["w5 w6", "w7 w8 w9 w13 w14", "w20", "w21 w22 w23", "w30 w31 w32 w33 w
 def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("distill-data")
     directory = build_tiny_checkpoint("llama", root / "model")
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(directory)
+    tiny_chat_tokenizer().save_pretrained(directory)
     return directory
 
 
