@@ -102,7 +102,8 @@ def test_the_tree_warm_up_leaves_no_state_behind(checkpoints, one_thread):
 
 
 @pytest.mark.slow
-def test_tree_mode_with_inductor_segments_matches_hf_greedy(checkpoints, tmp_path, one_thread):
+@pytest.mark.parametrize("backend", ["inductor", "aoti", "onnx"])
+def test_tree_mode_compiled_matches_hf_greedy(checkpoints, tmp_path, one_thread, backend):
     from specc.compiler import CompileRequest, compile_engine
     from specc.engine.loaded import load_engine
 
@@ -110,7 +111,7 @@ def test_tree_mode_with_inductor_segments_matches_hf_greedy(checkpoints, tmp_pat
     settings = ["mode=tree", "train_steps=0", "train_windows=2", "predictor_windows=1", "eval_sequences=1",
                 "predictor_epochs=1", "train_seq_len=32"] + [f"{k}={v}" for k, v in NEVER_EXIT.items()]
     compile_engine(CompileRequest(model=str(checkpoint), method="specee", output=tmp_path / "e",
-                                  backend="inductor", max_seq_len=MAX_SEQ_LEN, settings=settings))
+                                  backend=backend, max_seq_len=MAX_SEQ_LEN, settings=settings))
     loaded = load_engine(tmp_path / "e")
     assert loaded.manifest["lossless"] is False
     assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), checkpoint,
