@@ -7,6 +7,13 @@ Without it, the built-in corpus is used: Python standard-library source and,
 where `../shared/data` exists, English text (`specc.refmodels.corpus`,
 whose held-out documents give the held-out windows; a missing source is
 skipped with a warning).
+
+A JSONL file from `specc distill-data` says where each conversation's reply
+starts (`prompt_tokens`): its records are read in file order, and each
+window carries a mask of the positions whose next token is a reply token
+(`TokenWindows.train_scored` / `heldout_scored`). Held-out figures are
+then measured on replies only: the system prompt and chat markup every
+conversation repeats are easy to predict and would flatter them.
 """
 
 from __future__ import annotations
@@ -26,13 +33,21 @@ class TokenWindows:
     train: list[torch.Tensor]     # each [seq_len] token ids
     heldout: list[torch.Tensor]
     source: str
+    # Per window, bool [seq_len]: positions whose next token is a reply token; None: every position counts.
+    train_scored: list[torch.Tensor] | None = None
+    heldout_scored: list[torch.Tensor] | None = None
 
 
 def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: int,
                   heldout_count: int, seed: int) -> TokenWindows:
     """Up to `train_count` training windows (fewer if the data is short: they are
     then reused in order) and up to `heldout_count` held-out ones, shuffled by `seed`."""
-    if calib_data is not None:
+    scored = None
+    conversations = _reply_records(calib_data) if calib_data is not None else None
+    if conversations is not None:
+        train, heldout, scored, source = _conversation_windows(tokenizer, conversations, calib_data, seq_len,
+                                                               heldout_count)
+    elif calib_data is not None:
         train, heldout, source = _file_windows(tokenizer, calib_data, seq_len, heldout_count)
     else:
         train, heldout, source = _builtin_windows(tokenizer, seq_len, train_count, heldout_count)
@@ -42,7 +57,46 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
             f"of {seq_len} tokens; pass more text with --set calib_data=FILE or lower train_seq_len"
         )
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
-    return TokenWindows([train[i] for i in order][:max(train_count, 1)], heldout[:heldout_count], source)
+    kept = max(train_count, 1)
+    if scored is None:
+        return TokenWindows([train[i] for i in order][:kept], heldout[:heldout_count], source)
+    train_scored, heldout_scored = scored
+    return TokenWindows([train[i] for i in order][:kept], heldout[:heldout_count], source,
+                        [train_scored[i] for i in order][:kept], heldout_scored[:heldout_count])
+
+
+def _reply_records(calib_data: str) -> list[dict] | None:
+    """The records of a `specc distill-data` file (every one has `text` and an integer
+    `prompt_tokens`), or None for any other calibration data."""
+    from pathlib import Path
+
+    from specc.bench.prompts import _read_jsonl
+
+    path = Path(calib_data)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return None
+    records = _read_jsonl(path)
+    if records and all(isinstance(r.get("text"), str) and isinstance(r.get("prompt_tokens"), int)
+                       for r in records):
+        return records
+    return None
+
+
+def _conversation_windows(tokenizer, records: list[dict], calib_data: str, seq_len: int, heldout_count: int):
+    """Windows over the conversations in file order, with per-position reply masks."""
+    stream: list[int] = []
+    is_reply: list[bool] = []
+    for record in records:
+        ids = tokenizer(record["text"], add_special_tokens=False, verbose=False)["input_ids"]
+        stream += ids
+        is_reply += [i >= record["prompt_tokens"] for i in range(len(ids))]
+    next_is_reply = is_reply[1:] + is_reply[-1:]   # position i predicts token i + 1
+    windows = _windows(stream, seq_len)
+    masks = [torch.tensor(next_is_reply[i:i + seq_len]) for i in range(0, len(windows) * seq_len, seq_len)]
+    held = min(heldout_count, len(windows) // 2)
+    split = len(windows) - held
+    source = f"{calib_data} (conversations; held-out figures on reply positions)"
+    return windows[:split], windows[split:], (masks[:split], masks[split:]), source
 
 
 def _file_windows(tokenizer, calib_data: str, seq_len: int, heldout_count: int):

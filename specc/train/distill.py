@@ -93,12 +93,17 @@ Student = Callable[[object], torch.Tensor]                  # student input → 
 
 def soft_cross_entropy(student_logits: torch.Tensor, target: Target) -> torch.Tensor:
     """Mean over positions of −Σ p_teacher log softmax(student), in float32."""
+    return _position_losses(student_logits, target).mean()
+
+
+def _position_losses(student_logits: torch.Tensor, target: Target) -> torch.Tensor:
+    """−Σ p_teacher log softmax(student) per position [N], in float32."""
     log_q = torch.log_softmax(student_logits.float(), dim=-1)
     if isinstance(target, SparseTarget):
         kept = target.indices >= 0
         picked = log_q.gather(-1, target.indices.clamp(min=0))
-        return -(target.probs * picked * kept).sum(dim=-1).mean()
-    return -(target * log_q).sum(dim=-1).mean()
+        return -(target.probs * picked * kept).sum(dim=-1)
+    return -(target * log_q).sum(dim=-1)
 
 
 def sparse_target(probs: torch.Tensor, k: int, to_student: torch.Tensor | None = None) -> SparseTarget:
@@ -134,7 +139,9 @@ def _positions(target: Target) -> int:
 
 def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parameter],
             train_examples: list[torch.Tensor], heldout_examples: list[torch.Tensor], config: DistillConfig,
-            description: str = "distilling") -> DistillReport:
+            description: str = "distilling", heldout_scored: list[torch.Tensor] | None = None) -> DistillReport:
+    """`heldout_scored`: per held-out example, the positions the held-out figures count
+    (`TokenWindows.heldout_scored`); None counts every position."""
     start = time.perf_counter()
     for p in parameters:
         p.requires_grad_(True)
@@ -144,7 +151,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(config.warmup_steps, config.steps))
     order = _example_order(len(train_examples), config.steps, config.seed)
     report = DistillReport(steps=config.steps, seconds=0.0)
-    report.evaluations.append(evaluate(student, teacher, heldout_examples, step=0))
+    report.evaluations.append(evaluate(student, teacher, heldout_examples, 0, heldout_scored))
     losses: list[float] = []
     bar = tqdm(order, desc=description, unit="step", dynamic_ncols=True)
     for step, index in enumerate(bar, start=1):
@@ -156,7 +163,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
         schedule.step()
         losses.append(loss.item())
         if step % config.eval_every == 0 or step == config.steps:
-            report.evaluations.append(evaluate(student, teacher, heldout_examples, step))
+            report.evaluations.append(evaluate(student, teacher, heldout_examples, step, heldout_scored))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
                         accept=f"{report.final.acceptance:.3f}")
     bar.close()
@@ -170,15 +177,21 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     return report
 
 
-def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], step: int) -> Evaluation:
+def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], step: int,
+             scored: list[torch.Tensor] | None = None) -> Evaluation:
+    """Held-out loss and top-1 agreement over the positions `scored` marks (all when None,
+    or when the marks leave none)."""
     total_loss, agree, positions = 0.0, 0, 0
     with torch.no_grad():
-        for example in examples:
+        for index, example in enumerate(examples):
             target, student_input = teacher(example)
             logits = student(student_input)
-            total_loss += soft_cross_entropy(logits, target).item() * _positions(target)
-            agree += int((logits.argmax(dim=-1) == _top1(target)).sum())
-            positions += _positions(target)
+            keep = torch.ones(_positions(target), dtype=torch.bool) if scored is None else scored[index]
+            total_loss += float((_position_losses(logits, target) * keep).sum())
+            agree += int(((logits.argmax(dim=-1) == _top1(target)) & keep).sum())
+            positions += int(keep.sum())
+    if positions == 0:
+        return evaluate(student, teacher, examples, step)
     return Evaluation(step, total_loss / positions, agree / positions)
 
 

@@ -49,3 +49,28 @@ def test_builtin_corpus_without_shared_data_uses_the_standard_library(monkeypatc
     windows = token_windows(byte_tokenizer, None, seq_len=32, train_count=20, heldout_count=4, seed=0)
     assert len(windows.train) == 20 and len(windows.heldout) == 4
     assert "code" in windows.source and "text" not in windows.source
+
+
+def test_distill_data_conversations_keep_file_order_and_mark_reply_positions(tmp_path):
+    import json
+
+    records = [{"text": "P" * 5 + "r" * 7, "prompt_tokens": 5, "category": "b"},
+               {"text": "Q" * 3 + "s" * 9, "prompt_tokens": 3, "category": "a"}]
+    path = tmp_path / "calib.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    windows = token_windows(byte_tokenizer, str(path), seq_len=6, train_count=10, heldout_count=1, seed=0)
+    stream = "P" * 5 + "r" * 7 + "Q" * 3 + "s" * 9
+    assert torch.equal(windows.heldout[0], torch.tensor(list(stream[18:24].encode())))
+    # position i counts when token i + 1 is a reply token
+    assert windows.heldout_scored[0].tolist() == [True] * 6
+    by_window = {tuple(w.tolist()): m.tolist() for w, m in zip(windows.train, windows.train_scored)}
+    assert by_window[tuple(stream[0:6].encode())] == [False, False, False, False, True, True]
+    assert by_window[tuple(stream[12:18].encode())] == [False, False, True, True, True, True]
+    assert "reply positions" in windows.source
+
+
+def test_plain_jsonl_has_no_reply_marks(tmp_path):
+    path = tmp_path / "calib.jsonl"
+    path.write_text("".join(f'{{"text": "record {i} " }}\n'.replace("record", "r" * 40) for i in range(10)))
+    windows = token_windows(byte_tokenizer, str(path), seq_len=16, train_count=10, heldout_count=1, seed=0)
+    assert windows.train_scored is None and windows.heldout_scored is None

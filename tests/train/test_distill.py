@@ -94,3 +94,18 @@ def test_zero_steps_only_evaluates():
     weight = torch.nn.Parameter(torch.zeros(VOCAB, WIDTH))
     report = distill(student_of(weight), teacher, [weight], train, heldout, DistillConfig(steps=0, learning_rate=1.0))
     assert len(report.evaluations) == 1 and torch.equal(weight, torch.zeros(VOCAB, WIDTH))
+
+
+def test_held_out_figures_count_only_the_scored_positions():
+    from specc.train.distill import evaluate
+
+    teacher_probs = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    teacher = lambda example: (teacher_probs, None)   # noqa: E731
+    student = lambda _: torch.tensor([[5.0, 0.0], [5.0, 0.0], [5.0, 0.0], [5.0, 0.0]])   # noqa: E731
+    examples = [torch.zeros(4)]
+    assert evaluate(student, teacher, examples, 0).acceptance == 0.5
+    scored = evaluate(student, teacher, examples, 0, [torch.tensor([True, False, True, False])])
+    assert scored.acceptance == 1.0 and scored.loss == pytest.approx(-math.log(torch.softmax(
+        torch.tensor([5.0, 0.0]), 0)[0].item()), rel=1e-4)
+    none_scored = evaluate(student, teacher, examples, 0, [torch.zeros(4, dtype=torch.bool)])
+    assert none_scored.acceptance == 0.5   # marks that leave nothing fall back to every position

@@ -69,7 +69,7 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
                                        warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
                                        grad_clip=config.grad_clip, eval_every=config.eval_every,
                                        seed=config.seed),
-                         description="kangaroo: training adapter")
+                         description="kangaroo: training adapter", heldout_scored=windows.heldout_scored)
         tqdm.write(f"kangaroo: adapter trained on {windows.source}: {report.summary()}")
         state.update(calibration=windows.source, training=report.to_json())
     return TrainResult({**_trained(adapter), **extra}, state)

@@ -62,17 +62,19 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
                          DistillConfig(steps=config.train_steps, learning_rate=config.learning_rate,
                                        warmup_steps=config.warmup_steps, eval_every=config.eval_every,
                                        seed=config.seed),
-                         description="specee: training draft head")
+                         description="specee: training draft head", heldout_scored=windows.heldout_scored)
         tqdm.write(f"specee: draft head trained on {windows.source}: {report.summary()}")
         state["draft_head_training"] = report.to_json()
     vocab_ids = None if vocabulary is None else torch.tensor(vocabulary)
     layerwise_gm = program.graphs["layerwise"].module
     layerwise = LayerwiseForward(layerwise_gm, lambda segment: segment, "propagate")
     start = time.perf_counter()
-    train_samples = _collect(layerwise, head, teacher, windows.train[: config.predictor_windows], arch, dtype,
-                             config.candidates, vocab_ids, "specee: scoring every layer (train)")
+    first = slice(0, config.predictor_windows)
+    train_samples = _collect(layerwise, head, teacher, windows.train[first], arch, dtype, config.candidates,
+                             vocab_ids, "specee: scoring every layer (train)",
+                             None if windows.train_scored is None else windows.train_scored[first])
     heldout_samples = _collect(layerwise, head, teacher, windows.heldout, arch, dtype, config.candidates,
-                               vocab_ids, "specee: scoring every layer (held-out)")
+                               vocab_ids, "specee: scoring every layer (held-out)", windows.heldout_scored)
     predictors = _train_predictors(layerwise_gm, layerwise.scored_layers, train_samples, config)
     schedule = _schedule(layerwise_gm, layerwise.scored_layers, train_samples, heldout_samples, config, arch)
     state[SCHEDULE_KEY] = schedule
@@ -134,9 +136,13 @@ class _Samples:
         return self
 
 
-def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k: int, vocab_ids, description):
+def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k: int, vocab_ids, description,
+             scored=None):
+    """Per-layer samples at every position of `windows`, or only where `scored` (per window,
+    bool [T]) marks one: predictors and the threshold then fit the replies, not the prompts."""
     samples = _Samples(layerwise.scored_layers)
-    for tokens in tqdm(windows, desc=description, unit="window", dynamic_ncols=True):
+    for index, tokens in enumerate(tqdm(windows, desc=description, unit="window", dynamic_ncols=True)):
+        keep = slice(None) if scored is None else scored[index]
         with torch.no_grad():
             _, (_, features, final) = teacher(tokens)
             head_logits = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
@@ -152,11 +158,11 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
                 z = logits.gather(-1, candidates)
                 if layer in samples.features:
                     top = logits.argmax(-1)
-                    samples.features[layer].append(predictor_features(z, reduced_below))
-                    samples.labels[layer].append((top == final).float())
-                    samples.guard[layer].append((candidates == top[:, None]).any(-1))
+                    samples.features[layer].append(predictor_features(z, reduced_below)[keep])
+                    samples.labels[layer].append((top == final).float()[keep])
+                    samples.guard[layer].append((candidates == top[:, None]).any(-1)[keep])
                 reduced_below = z
-            samples.final.append(final)
+            samples.final.append(final[keep])
     return samples.done()
 
 
