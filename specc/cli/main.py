@@ -196,7 +196,7 @@ def _add_bench(verbs):
 def _add_distill_data(verbs):
     p = _verb(verbs, "distill-data", "write training text for the drafters: the model's own replies to prompts",
               "  specc distill-data ./my-model --prompts spec_bench --skip 80 --num-prompts 160 -o calib.jsonl\n"
-              "  specc compile ./my-model --method kangaroo --set calib_data=calib.jsonl -o engines/k\n",
+              "  specc compile ./my-model --method METHOD --set calib_data=calib.jsonl -o engines/m\n",
               description="Generate the model's greedy replies to a prompt set and write each conversation "
                           "(prompt through the chat template where it is conversational, then the reply) as "
                           "one JSONL record with a `text` field: training text for --set calib_data=FILE that "

@@ -57,12 +57,14 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
             f"of {seq_len} tokens; pass more text with --set calib_data=FILE or lower train_seq_len"
         )
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
-    kept = max(train_count, 1)
+    def shuffled(items: list) -> list:
+        return [items[i] for i in order][:max(train_count, 1)]
+
     if scored is None:
-        return TokenWindows([train[i] for i in order][:kept], heldout[:heldout_count], source)
+        return TokenWindows(shuffled(train), heldout[:heldout_count], source)
     train_scored, heldout_scored = scored
-    return TokenWindows([train[i] for i in order][:kept], heldout[:heldout_count], source,
-                        [train_scored[i] for i in order][:kept], heldout_scored[:heldout_count])
+    return TokenWindows(shuffled(train), heldout[:heldout_count], source,
+                        shuffled(train_scored), heldout_scored[:heldout_count])
 
 
 def _reply_records(calib_data: str) -> list[dict] | None:
@@ -93,8 +95,7 @@ def _conversation_windows(tokenizer, records: list[dict], calib_data: str, seq_l
     next_is_reply = is_reply[1:] + is_reply[-1:]   # position i predicts token i + 1
     windows = _windows(stream, seq_len)
     masks = [torch.tensor(next_is_reply[i:i + seq_len]) for i in range(0, len(windows) * seq_len, seq_len)]
-    held = min(heldout_count, len(windows) // 2)
-    split = len(windows) - held
+    split = _training_share(len(windows), heldout_count)
     source = f"{calib_data} (conversations; held-out figures on reply positions)"
     return windows[:split], windows[split:], (masks[:split], masks[split:]), source
 
@@ -105,8 +106,13 @@ def _file_windows(tokenizer, calib_data: str, seq_len: int, heldout_count: int):
     prompt_set = load_prompt_set(calib_data)
     stream = _stream(tokenizer, (p.text for p in prompt_set.prompts))
     windows = _windows(stream, seq_len)
-    held = min(heldout_count, len(windows) // 2)
-    return windows[:len(windows) - held], windows[len(windows) - held:], prompt_set.source
+    split = _training_share(len(windows), heldout_count)
+    return windows[:split], windows[split:], prompt_set.source
+
+
+def _training_share(count: int, heldout_count: int) -> int:
+    """How many of a file's `count` windows train: its tail, at most half of it, is held out."""
+    return count - min(heldout_count, count // 2)
 
 
 def _builtin_windows(tokenizer, seq_len: int, train_count: int, heldout_count: int):

@@ -119,11 +119,12 @@ def _until_stop(tokens: list[int], stops: list[int]) -> list[int]:
 
 
 def _stop_ids(model, tokenizer) -> list[int]:
-    configured = model.generation_config.eos_token_id
-    if configured is None:
-        configured = tokenizer.eos_token_id
-    ids = configured if isinstance(configured, list) else [configured]
-    ids = [int(i) for i in ids if i is not None]
+    """The end-of-sequence ids the engine stops at (`summarize_architecture`), else the tokenizer's."""
+    from specc.capture.families import summarize_architecture
+
+    ids = list(summarize_architecture(model.config, model.generation_config).eos_token_ids)
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [int(tokenizer.eos_token_id)]
     if not ids:
         raise UsageError("the model declares no end-of-sequence token, so replies cannot be cut or padded")
     return ids
