@@ -6,7 +6,9 @@ Builds (or reuses from the cache) the reference model, compiles every method
 in the registry that it can, runs `specc bench` on each against the same
 baselines, and writes benchmarks/results/<device>-<model>.json and .md.
 Methods that need a draft model get the `tiny` reference model when its
-tokenizer matches the target's. `--quick` uses the tiny model as target and
+tokenizer matches the target's; a fetchable pretrained model has no smaller
+sibling here, so its draft is a checkpoint you pass with `--draft` (e.g. one
+written by `specc distill-draft`). `--quick` uses the tiny model as target and
 a few short prompts, for a run of a couple of minutes.
 
 With --update-readme, the table replaces whatever README.md holds between
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="eager", help="engine backend for every method (default eager)")
+    parser.add_argument("--draft", type=Path,
+                        help="draft checkpoint for the methods that need one (default: the tiny reference model "
+                             "for reference targets, none for fetchable ones)")
     parser.add_argument("--methods", help="comma-separated subset of methods (default: all registered)")
     parser.add_argument("--set", dest="method_settings", action="append", default=[], metavar="METHOD:KEY=VALUE",
                         help="a config field for one method (repeatable); the suite then needs a --tag")
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_suite(args: argparse.Namespace) -> int:
     from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
 
-    target, draft = source_models(args.model_spec)
+    target, draft = source_models(args.model_spec, args.draft)
     engines = ENGINES / variant_name(args.model_spec, args.backend, args.tag)
     max_seq_len = _max_seq_len(target)
     methods = selected_methods(args.methods)
@@ -102,11 +107,11 @@ def run_suite(args: argparse.Namespace) -> int:
     suite = {
         "schema": SUITE_SCHEMA, "created_unix": int(time.time()), "device": device_label(DEVICE_USED),
         "model_spec": args.model_spec, "model_checkpoint": str(target),
-        "draft_spec": DRAFT_SPEC if draft is not None else None,
+        "draft_spec": None if draft is None else str(args.draft) if args.draft else DRAFT_SPEC,
         "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
                      "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
-                     "methods": args.methods},
+                     "methods": args.methods, "draft": None if args.draft is None else str(args.draft)},
         "machine": machine_info(), "versions": versions(), "methods": results,
         "omitted": "each method's per-run records (`runs`); `specc bench --json` keeps them",
     }
@@ -122,15 +127,16 @@ def run_suite(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] == "failed" for r in results.values()) else 0
 
 
-def source_models(model_spec: str) -> tuple[Path, Path | None]:
+def source_models(model_spec: str, draft: Path | None = None) -> tuple[Path, Path | None]:
     """(target checkpoint, draft checkpoint or None). A fetchable pretrained model has
-    no draft: no smaller model shares its tokenizer here."""
+    no draft unless one is given: no smaller model shares its tokenizer here."""
     from specc.refmodels import build_reference_model
     from specc.refmodels.fetch import FETCHABLE_MODELS, fetch_model
 
-    if model_spec in FETCHABLE_MODELS:
-        return fetch_model(model_spec), None
-    return build_reference_model(model_spec), build_reference_model(DRAFT_SPEC)
+    target = fetch_model(model_spec) if model_spec in FETCHABLE_MODELS else build_reference_model(model_spec)
+    if draft is not None or model_spec in FETCHABLE_MODELS:
+        return target, draft
+    return target, build_reference_model(DRAFT_SPEC)
 
 
 def variant_name(model_spec: str, backend: str, tag: str | None) -> str:
@@ -173,13 +179,14 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     note = None
     if method.extra_sources and draft is None:
         return {"status": "skipped", "note": "no draft model: no smaller checkpoint shares this model's tokenizer "
-                                             "on this machine (none is fetchable, and none was distilled)"}
+                                             "on this machine (none is fetchable); distill one with `specc "
+                                             "distill-draft` and pass it with --draft"}
     if method.extra_sources:
         mismatch = vocabulary_mismatch(target, draft)
         if mismatch:
             return {"status": "skipped", "note": f"no usable draft model: {mismatch}"}
         if target.resolve() == draft.resolve():
-            note = f"the draft ({DRAFT_SPEC}) is the target itself: a sanity run, α should be 1"
+            note = f"the draft ({draft}) is the target itself: a sanity run, α should be 1"
     try:
         engine = (baseline if method.name == "none" else
                   compile_method(method.name, target, draft if method.extra_sources else None, engines,
@@ -253,6 +260,7 @@ def markdown_table(suite: dict) -> str:
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
         + (f" --methods {settings['methods']}" if settings.get("methods") else "")
+        + (f" --draft {settings['draft']}" if settings.get("draft") else "")
         + "".join(f" --set {m}:{field}" for m, fields in changed.items() for field in fields)
         + (f" --tag {tag}" if tag else "") + _workload_flags(settings) +
         f"{' --quick' if settings['quick'] else ''}`).",

@@ -116,3 +116,18 @@ def test_quick_defaults(run_all):
     assert (args.model_spec, args.num_prompts, args.max_new_tokens) == ("tiny", 4, 32)
     args = run_all.parse_args([])
     assert (args.model_spec, args.num_prompts, args.max_new_tokens) == ("small", 16, 64)
+
+
+def test_a_given_draft_is_named_in_the_reproduction_command(run_all):
+    suite = _suite()
+    suite["settings"].update(quick=False, draft="build/drafts/smollm2-l4")
+    assert "--draft build/drafts/smollm2-l4" in run_all.markdown_table(suite)
+    assert "--draft" not in run_all.markdown_table(_suite())
+
+
+def test_a_given_draft_replaces_the_default_one(run_all, monkeypatch, tmp_path):
+    import specc.refmodels
+
+    monkeypatch.setattr(specc.refmodels, "build_reference_model", lambda spec: tmp_path / spec)
+    assert run_all.source_models("small") == (tmp_path / "small", tmp_path / "tiny")
+    assert run_all.source_models("small", tmp_path / "mine") == (tmp_path / "small", tmp_path / "mine")
