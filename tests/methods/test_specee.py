@@ -166,6 +166,8 @@ def test_engine_round_trip_is_lossless_and_records_the_schedule(engine, one_thre
     assert loaded.manifest["lossless"] is True
     schedule = loaded.manifest["method_state"][SCHEDULE_KEY]
     assert schedule["offline"] and set(schedule["histogram"]) and 0.0 <= schedule["heldout"]["agreement"] <= 1.0
+    # The threshold came from the windows after the predictors' (TRAIN: 4 for predictors, 4 left).
+    assert schedule["threshold_positions"] == 4 * TRAIN["train_seq_len"]
     assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
                              varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
 
@@ -209,3 +211,14 @@ def test_lossless_verifies_only_the_rows_after_the_first_exit(programs, one_thre
     rounds = sum(r.stats.target_forward_passes for r in results) - len(results)   # minus the prefills
     prompt_rows = sum(len(ids) for ids in varied_prompts(16, 96, seed=11))
     assert sum(rows) == prompt_rows + rounds, "a round verified rows its drafter had computed exactly"
+
+
+def test_the_exit_threshold_is_calibrated_on_windows_the_predictors_never_saw():
+    from specc.methods.specee.config import SpecEEConfig
+    from specc.methods.specee.train import _predictor_and_threshold_slices
+
+    config = SpecEEConfig(predictor_windows=16, threshold_windows=8)
+    assert _predictor_and_threshold_slices(128, config) == (slice(0, 16), slice(16, 24))
+    assert _predictor_and_threshold_slices(20, config) == (slice(0, 16), slice(16, 20))
+    assert _predictor_and_threshold_slices(16, config) == (slice(0, 16), None)     # nothing left: own samples
+    assert _predictor_and_threshold_slices(128, SpecEEConfig(threshold_windows=0))[1] is None

@@ -27,10 +27,13 @@ class SpecEEConfig(MethodConfig):
     candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
     exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
                                          "the full head's argmax at that layer is a candidate (the guard). 0: "
-                                         "calibrated at compile time, the lowest of 0.5..0.99 whose teacher-"
+                                         "calibrated at compile time, the lowest of 0.5..0.9999 whose teacher-"
                                          "forced agreement with the dense model reaches target_agreement")
-    target_agreement: float = option(0.98, "the agreement the calibrated threshold aims for (on training text; "
-                                           "held-out agreement is reported beside it)")
+    target_agreement: float = option(0.99, "the teacher-forced agreement the calibrated threshold aims for "
+                                           "on the threshold_windows (held-out agreement is reported beside "
+                                           "it); above the usual 0.98 goal because the engine drifts from the "
+                                           "dense states these samples see (SmolLM2: 0.984 held-out here, "
+                                           "0.971 in the engine at 0.98)")
     first_exit_layer: int = option(0, "the lowest layer with a predictor (0: a third of the way up; exits "
                                       "below it are rare and every predictor layer costs calibration time)")
     offline_layers: int = option(0, "layers in the offline schedule, ranked by exit frequency on calibration "
@@ -49,6 +52,8 @@ class SpecEEConfig(MethodConfig):
     train_steps: int = option(600, "draft-head training steps (one sequence each, self-distilled)")
     train_windows: int = option(128, "distinct training windows; the frozen target runs once on each")
     predictor_windows: int = option(16, "windows whose every layer is scored to train the predictors")
+    threshold_windows: int = option(8, "training windows after the predictors' on which the exit threshold "
+                                       "is calibrated: text the predictors never saw (0: their own windows)")
     predictor_epochs: int = option(30, "passes over the predictor samples (BCE, Adam)")
     teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
     learning_rate: float = option(3e-3, "draft-head peak AdamW learning rate")
@@ -78,6 +83,7 @@ class SpecEEConfig(MethodConfig):
         _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
         _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
         _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
+        _check(self.threshold_windows >= 0, f"threshold_windows={self.threshold_windows} must be 0 or more")
         _check(self.predictor_windows >= 1, f"predictor_windows={self.predictor_windows} must be at least 1")
         _check(self.predictor_epochs >= 0, f"predictor_epochs={self.predictor_epochs} must be 0 or more")
         _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")

@@ -7,8 +7,11 @@
    trained head's candidates; after every layer the full head gives the
    features [z, p, Δ] and the label "this layer's argmax is the final
    token". One MLP per layer learns it (BCE, Adam).
-3. On the same samples, each position's first guarded exit gives the
-   exit-layer histogram; the offline schedule is its most frequent layers.
+3. On the next `threshold_windows` training windows, which the predictors
+   never saw, the exit threshold is calibrated (fitted on the predictors'
+   own samples it reads high and exits too often on new text); each
+   position's first guarded exit there gives the exit-layer histogram and
+   the offline schedule is its most frequent layers.
    Held-out windows give teacher-forced quality: the share of positions
    whose early-exit token is the dense token, and mean layers executed.
 """
@@ -34,7 +37,8 @@ from specc.train.vocabulary import frequent_tokens, student_index
 from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
 
 HEAD_MODULE = DraftHeadConfig().module_name
-CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.993,
+                          0.995, 0.997, 0.998, 0.999, 0.9995, 0.9999)
 REDUCED_HEAD = "draft_head_lm"
 
 
@@ -69,14 +73,18 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
     layerwise_gm = program.graphs["layerwise"].module
     layerwise = LayerwiseForward(layerwise_gm, lambda segment: segment, "propagate")
     start = time.perf_counter()
-    first = slice(0, config.predictor_windows)
-    train_samples = _collect(layerwise, head, teacher, windows.train[first], arch, dtype, config.candidates,
-                             vocab_ids, "specee: scoring every layer (train)",
-                             None if windows.train_scored is None else windows.train_scored[first])
-    heldout_samples = _collect(layerwise, head, teacher, windows.heldout, arch, dtype, config.candidates,
-                               vocab_ids, "specee: scoring every layer (held-out)", windows.heldout_scored)
+    def collect(chosen, scored, what: str) -> _Samples:
+        return _collect(layerwise, head, teacher, chosen, arch, dtype, config.candidates, vocab_ids,
+                        f"specee: scoring every layer ({what})", scored)
+
+    first, calibration = _predictor_and_threshold_slices(len(windows.train), config)
+    train_samples = collect(windows.train[first], _sliced(windows.train_scored, first), "train")
+    threshold_samples = (collect(windows.train[calibration], _sliced(windows.train_scored, calibration),
+                                 "threshold") if calibration else train_samples)
+    heldout_samples = collect(windows.heldout, windows.heldout_scored, "held-out")
     predictors = _train_predictors(layerwise_gm, layerwise.scored_layers, train_samples, config)
-    schedule = _schedule(layerwise_gm, layerwise.scored_layers, train_samples, heldout_samples, config, arch)
+    schedule = _schedule(layerwise_gm, layerwise.scored_layers, threshold_samples, heldout_samples, config, arch)
+    schedule["threshold_positions"] = int(threshold_samples.final.numel())
     state[SCHEDULE_KEY] = schedule
     state["predictor_training"] = {**predictors, "seconds": round(time.perf_counter() - start, 3)}
     tqdm.write(f"specee: exit threshold {schedule['threshold']}, offline schedule {schedule['offline']}; "
@@ -88,6 +96,18 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
     weights |= {name: p.detach().clone() for name, p in layerwise_gm.named_parameters()
                 if name.startswith(MODULE + ".")}
     return TrainResult(weights, state)
+
+
+def _predictor_and_threshold_slices(train_count: int, config: SpecEEConfig) -> tuple[slice, slice | None]:
+    """The predictors' training windows, then the threshold's (None if no window is left for it:
+    the threshold is then fitted on the predictors' own samples)."""
+    first = slice(0, config.predictor_windows)
+    end = min(train_count, config.predictor_windows + config.threshold_windows)
+    return first, (slice(config.predictor_windows, end) if end > config.predictor_windows else None)
+
+
+def _sliced(scored: list | None, part: slice) -> list | None:
+    return None if scored is None else scored[part]
 
 
 def _reduce_head(program: SpeculativeProgram, ids: list[int]) -> None:
@@ -211,14 +231,14 @@ def _exit_layers(gm, layers, samples: _Samples, schedule, threshold: float, last
     return exits
 
 
-def _schedule(gm, layers, train: _Samples, heldout: _Samples, config: SpecEEConfig, arch) -> dict:
+def _schedule(gm, layers, calibration: _Samples, heldout: _Samples, config: SpecEEConfig, arch) -> dict:
     last = arch.num_layers - 1
-    threshold, exits = _calibrated_threshold(gm, layers, train, config, last)
+    threshold, exits = _calibrated_threshold(gm, layers, calibration, config, last)
     histogram = {int(l): int((exits == l).sum()) for l in layers}
     size = config.offline_layers or max(1, arch.num_layers // 4)
     offline = sorted(sorted(layers, key=lambda l: (histogram[l], l), reverse=True)[:size])
     held = _exit_layers(gm, layers, heldout, set(offline), threshold, last)
-    return {"threshold": threshold, "train_agreement": _agreement(train, exits, last),
+    return {"threshold": threshold, "calibration_agreement": _agreement(calibration, exits, last),
             "offline": offline, "histogram": histogram,
             "heldout": {"agreement": _agreement(heldout, held, last),
                         "mean_layers": round(float((held + 1).float().mean()), 3),
@@ -226,13 +246,13 @@ def _schedule(gm, layers, train: _Samples, heldout: _Samples, config: SpecEEConf
                         "positions": int(held.numel())}}
 
 
-def _calibrated_threshold(gm, layers, train: _Samples, config: SpecEEConfig, last: int):
+def _calibrated_threshold(gm, layers, calibration: _Samples, config: SpecEEConfig, last: int):
     """The configured threshold, or the lowest candidate whose teacher-forced agreement on the
-    training samples (every predictor layer scheduled) reaches the target."""
+    calibration samples (every predictor layer scheduled) reaches the target."""
     candidates = [config.exit_threshold] if config.exit_threshold > 0 else list(CALIBRATION_THRESHOLDS)
     for threshold in candidates:
-        exits = _exit_layers(gm, layers, train, set(layers), threshold, last)
-        if _agreement(train, exits, last) >= config.target_agreement:
+        exits = _exit_layers(gm, layers, calibration, set(layers), threshold, last)
+        if _agreement(calibration, exits, last) >= config.target_agreement:
             break
     return threshold, exits
 
