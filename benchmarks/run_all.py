@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="method_settings", action="append", default=[], metavar="METHOD:KEY=VALUE",
                         help="a config field for one method (repeatable); the suite then needs a --tag")
     parser.add_argument("--tag", help="name of a non-default variant: results go to <device>-<model>[-<backend>]-<tag>")
+    parser.add_argument("--engines-from", metavar="VARIANT",
+                        help="benchmark the engines an earlier suite compiled (build/bench-engines/VARIANT, e.g. "
+                             "smollm2-135m-onnx) instead of compiling: the same engines on another prompt set")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README.md between the bench markers with the table")
@@ -58,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.model_spec = "tiny"
     args.method_settings = _method_settings(parser, args.method_settings)
+    if args.engines_from and args.method_settings:
+        parser.error("--engines-from reuses compiled engines: their settings are fixed, --set cannot change them")
     if args.method_settings and not args.tag:
         parser.error("--set changes a method's defaults: name the variant with --tag so its results are not "
                      "mistaken for the defaults'")
@@ -91,7 +96,8 @@ def run_suite(args: argparse.Namespace) -> int:
     from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
 
     target, draft = source_models(args.model_spec, args.draft)
-    engines = ENGINES / variant_name(args.model_spec, args.backend, args.tag)
+    engines = ENGINES / (args.engines_from or variant_name(args.model_spec, args.backend, args.tag))
+    build = compile_method if not args.engines_from else reuse_compiled(args.backend)
     max_seq_len = _max_seq_len(target)
     methods = selected_methods(args.methods)
     unknown = set(args.method_settings) - {m.name for m in methods}
@@ -99,11 +105,11 @@ def run_suite(args: argparse.Namespace) -> int:
         print(f"run_all: error: --set names {', '.join(sorted(unknown))}, not among the methods run",
               file=sys.stderr)
         return 2
-    baseline = compile_method("none", target, None, engines, args.backend, max_seq_len)
+    baseline = build("none", target, None, engines, args.backend, max_seq_len)
     results = {}
     for method in methods:
         print(f"\n### {method.name}", file=sys.stderr)
-        results[method.name] = run_method(method, target, draft, baseline, engines, max_seq_len, args)
+        results[method.name] = run_method(method, target, draft, baseline, engines, max_seq_len, args, build)
     suite = {
         "schema": SUITE_SCHEMA, "created_unix": int(time.time()), "device": device_label(DEVICE_USED),
         "model_spec": args.model_spec, "model_checkpoint": str(target),
@@ -111,7 +117,8 @@ def run_suite(args: argparse.Namespace) -> int:
         "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
                      "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
-                     "methods": args.methods, "draft": None if args.draft is None else str(args.draft)},
+                     "methods": args.methods, "draft": None if args.draft is None else str(args.draft),
+                     "engines_from": args.engines_from},
         "machine": machine_info(), "versions": versions(), "methods": results,
         "omitted": "each method's per-run records (`runs`); `specc bench --json` keeps them",
     }
@@ -171,7 +178,8 @@ def selected_methods(names: str | None) -> list:
     return [get_method(name.strip()) for name in names.split(",") if name.strip()]
 
 
-def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path, max_seq_len: int, args) -> dict:
+def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path, max_seq_len: int, args,
+               build=None) -> dict:
     """Compile and benchmark one method; a failure is recorded and the suite goes on."""
     from specc.bench.harness import BenchOptions, benchmark
     from specc.bench.report import format_report, identity_banner
@@ -189,7 +197,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
             note = f"the draft ({draft}) is the target itself: a sanity run, α should be 1"
     try:
         engine = (baseline if method.name == "none" else
-                  compile_method(method.name, target, draft if method.extra_sources else None, engines,
+                  (build or compile_method)(method.name, target, draft if method.extra_sources else None, engines,
                                  args.backend, max_seq_len, args.method_settings.get(method.name, [])))
         doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                      repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
@@ -217,6 +225,27 @@ def compile_method(name: str, target: Path, draft: Path | None, engines: Path, b
     compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend,
                                   max_seq_len=max_seq_len, force=True, settings=list(settings)))
     return output
+
+
+def reuse_compiled(backend: str):
+    """A stand-in for `compile_method` that returns the engine an earlier suite compiled."""
+    def reuse(name: str, target, draft, engines: Path, *settings) -> Path:
+        return compiled_engine(engines, name, backend)
+    return reuse
+
+
+def compiled_engine(engines: Path, name: str, backend: str) -> Path:
+    """An engine an earlier suite compiled, checked to be there and built for `backend`."""
+    from specc.errors import UsageError
+
+    manifest = engines / name / "manifest.json"
+    if not manifest.is_file():
+        raise UsageError(f"--engines-from: no {name} engine in {engines} (run that suite first)")
+    built_for = json.loads(manifest.read_text()).get("backend")
+    if built_for != backend:
+        raise UsageError(f"--engines-from: {engines / name} was built for {built_for}, not {backend}")
+    print(f"reusing {engines / name}", file=sys.stderr)
+    return engines / name
 
 
 def vocabulary_mismatch(target: Path, draft: Path) -> str | None:
@@ -261,6 +290,7 @@ def markdown_table(suite: dict) -> str:
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
         + (f" --methods {settings['methods']}" if settings.get("methods") else "")
         + (f" --draft {settings['draft']}" if settings.get("draft") else "")
+        + (f" --engines-from {settings['engines_from']}" if settings.get("engines_from") else "")
         + "".join(f" --set {m}:{field}" for m, fields in changed.items() for field in fields)
         + (f" --tag {tag}" if tag else "") + _workload_flags(settings) +
         f"{' --quick' if settings['quick'] else ''}`).",

@@ -131,3 +131,25 @@ def test_a_given_draft_replaces_the_default_one(run_all, monkeypatch, tmp_path):
     monkeypatch.setattr(specc.refmodels, "build_reference_model", lambda spec: tmp_path / spec)
     assert run_all.source_models("small") == (tmp_path / "small", tmp_path / "tiny")
     assert run_all.source_models("small", tmp_path / "mine") == (tmp_path / "small", tmp_path / "mine")
+
+
+def test_engines_from_reuses_an_earlier_suites_engines_and_checks_their_backend(run_all, tmp_path):
+    from specc.errors import UsageError
+
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "manifest.json").write_text(json.dumps({"backend": "onnx"}))
+    reuse = run_all.reuse_compiled("onnx")
+    assert reuse("none", None, None, tmp_path, "onnx", 1024) == tmp_path / "none"
+    with pytest.raises(UsageError, match="built for onnx, not aoti"):
+        run_all.reuse_compiled("aoti")("none", None, None, tmp_path, "aoti", 1024)
+    with pytest.raises(UsageError, match="no kangaroo engine"):
+        reuse("kangaroo", None, None, tmp_path, "onnx", 1024)
+
+
+def test_engines_from_refuses_settings_it_could_not_apply(run_all):
+    with pytest.raises(SystemExit):
+        run_all.parse_args(["--engines-from", "x", "--set", "swift:tree_widths=1", "--tag", "t"])
+    args = run_all.parse_args(["--engines-from", "smollm2-135m-onnx-code", "--tag", "gsm8k"])
+    suite = _suite()
+    suite["settings"].update(quick=False, engines_from=args.engines_from)
+    assert "--engines-from smollm2-135m-onnx-code" in run_all.markdown_table(suite)
