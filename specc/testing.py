@@ -272,10 +272,27 @@ def recording_rounds(built):
     return built.target, built.drafter, rounds
 
 
+def recording_drafted_tokens(drafter) -> list[int]:
+    """Every token `drafter` proposes from now on (the draft trees' nodes below the root)."""
+    drafted = []
+    propose = drafter.propose
+
+    def record(*args):
+        draft = propose(*args)
+        if draft is not None:
+            drafted.extend(draft.node_tokens[1:].tolist())
+        return draft
+
+    drafter.propose = record
+    return drafted
+
+
 def assert_samples_the_target(model, target, drafter, rounds: list, sampling, max_seq_len: int,
-                              samples: int = 1200) -> None:
+                              samples: int = 1200, new_tokens: int = 3) -> None:
     """Sampled generation through a speculative runtime reproduces the target's exact
-    distribution of the 2nd and 3rd tokens after a fixed prompt, while acceptance varies."""
+    distribution of the 2nd and 3rd tokens after a fixed prompt, while acceptance varies.
+    With `new_tokens` = 4 the first round after the prefill may draft two deep, so both
+    tokens can come from one round (what a drafter's stop rule changes)."""
     import torch
 
     from specc.runtime.generate import generate
@@ -285,7 +302,7 @@ def assert_samples_the_target(model, target, drafter, rounds: list, sampling, ma
     counts = torch.zeros(2, model.config.vocab_size)
     for seed in range(samples):
         run = SamplingConfig(sampling.temperature, sampling.top_p, seed=seed)
-        tokens = generate(target, drafter, prompt, 3, run, max_seq_len).token_ids
+        tokens = generate(target, drafter, prompt, new_tokens, run, max_seq_len).token_ids
         counts[0, tokens[1]] += 1
         counts[1, tokens[2]] += 1
     second, third = exact_marginals(model, prompt, sampling)

@@ -32,7 +32,8 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
-                           recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
+                           recording_drafted_tokens, recording_rounds, sample_calibration_text, trained_engines,
+                           varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -112,16 +113,7 @@ def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_tokens(checkpo
     logits = [s for s in engine.context.signatures["adapter"].outputs if s.role == "logits"]
     assert logits[0].shape == (1, "q", 40)
     assert "reduce_draft_vocabulary" in [r["pass_name"] for r in engine.manifest["passes"] if r["graph"] == "adapter"]
-    drafted = []
-    propose = engine.drafter.propose
-
-    def record(*args):
-        draft = propose(*args)
-        if draft is not None:
-            drafted.extend(draft.node_tokens[1:].tolist())
-        return draft
-
-    engine.drafter.propose = record
+    drafted = recording_drafted_tokens(engine.drafter)
     results = assert_identical(lambda ids_: engine.generate_ids(ids_, MAX_NEW_TOKENS), target)
     assert drafted and set(drafted) <= set(ids)
     assert sum(r.stats.accepted_tokens for r in results) > 0

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 
-DRAFT_VOCABULARY_KEY = "draft_vocabulary"   # manifest state: token id of each row of the reduced draft head
 
 
 @dataclass(frozen=True)

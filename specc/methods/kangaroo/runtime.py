@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import torch
 
-from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY, KangarooConfig
+from specc.methods.kangaroo.config import KangarooConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
+from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
-from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.sampling import SamplingConfig, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
 
@@ -104,15 +105,16 @@ class KangarooDrafter:
         logits = self._catch_up_and_root(tokens, root)
         node_tokens, widths, draft_probs, chain_slots = [tokens[-1]], [], [], [root]
         for depth in range(1, max_depth + 1):
-            probs = _draft_distribution(logits, sampling)
+            probs = draft_distribution(logits, sampling)
             confidence = float(probs.max())
             slot = root + len(node_tokens)
             if sampled_chain:
-                level = self._token_ids(torch.tensor([sample(probs, generator)]))
-                draft_probs.append(self._full_vocabulary(probs))
+                level = token_ids(torch.tensor([sample(probs, generator)]), self.vocabulary)
+                draft_probs.append(full_vocabulary(probs, self.vocabulary, self.vocab_size))
             else:
                 width = config.tree_width if confidence < config.tree_threshold else 1
-                level = self._token_ids(probs.topk(min(width, budget.max_nodes - len(node_tokens))).indices)
+                level = token_ids(probs.topk(min(width, budget.max_nodes - len(node_tokens))).indices,
+                                  self.vocabulary)
             node_tokens += level
             widths.append(len(level))
             if depth == max_depth or confidence < config.exit_threshold or len(node_tokens) >= budget.max_nodes:
@@ -129,15 +131,6 @@ class KangarooDrafter:
             extras={EXITS: torch.stack(self._chain_exits), EXIT_NODES: slots - root},
         )
 
-    def _token_ids(self, rows: torch.Tensor) -> list[int]:
-        return (rows if self.vocabulary is None else self.vocabulary[rows]).tolist()
-
-    def _full_vocabulary(self, probs: torch.Tensor) -> torch.Tensor:
-        """The draft distribution over the whole vocabulary (zero outside a reduced head)."""
-        if self.vocabulary is None:
-            return probs
-        return torch.zeros(self.vocab_size, dtype=probs.dtype, device=probs.device).index_copy_(
-            0, self.vocabulary, probs)
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         exits = verification.extras[EXITS]
@@ -186,20 +179,11 @@ class KangarooDrafter:
         return logits[0, -1]
 
 
-def _draft_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """What the adapter proposes from: the sampling distribution, or softmax for greedy
-    (whose top-1 probability is the confidence the exit threshold reads)."""
-    if sampling.greedy:
-        return torch.softmax(logits.float(), dim=-1)
-    return probabilities(logits, sampling)
-
-
 def build_runtime(context, config: KangarooConfig) -> MethodRuntime:
     """`shallow` owns the target's KV cache and `deep` shares it; the adapter
     has a one-layer cache of its own."""
     shallow = context.model("shallow")
     deep = context.model("deep", cache=shallow.cache)
-    ids = context.state.get(DRAFT_VOCABULARY_KEY)
-    vocabulary = None if ids is None else torch.tensor(ids, dtype=torch.long, device=shallow.device)
+    vocabulary = vocabulary_from_state(context.state, shallow.device)
     return MethodRuntime(ExitVerifier(shallow, deep),
                          KangarooDrafter(shallow, context.model("adapter"), config, vocabulary))

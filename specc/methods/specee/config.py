@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
 KV_POLICIES = ("propagate", "mask")
-DRAFT_VOCABULARY_KEY = "draft_vocabulary"
 SCHEDULE_KEY = "schedule"
 
 

@@ -1,0 +1,84 @@
+"""`draft-model`'s drafter: the draft model with its own KV cache proposes a chain
+(or a top-1 chain with its top-k siblings at every depth), stopping early when
+its confidence drops below `stop_threshold`.
+
+A reduced draft head (`draft_vocab_size`) returns logits over its rows only;
+drafted rows are mapped back to token ids, and a sampled chain's q is spread
+over the whole vocabulary with zeros elsewhere, so speculative sampling stays
+exact (`specc.runtime.draft_logits`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specc.methods.draft_model.config import DraftModelConfig
+from specc.runtime.acceptance import Acceptance
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
+from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.sampling import SamplingConfig, sample
+from specc.runtime.tree import TreeSpec, tree_tensors
+from specc.runtime.verification import Verification
+
+
+class DraftModelDrafter:
+    def __init__(self, draft: CachedModel, config: DraftModelConfig, vocabulary: torch.Tensor | None = None):
+        """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""
+        self.draft = draft
+        self.config = config
+        self.vocabulary = vocabulary
+        self.vocab_size = draft.architecture.vocab_size
+        self.cached_len = 0       # tokens whose draft KV is valid
+        self._proposal_base = 0   # len(tokens) when the last draft was proposed
+        self._fed_chain = 0       # chain tokens fed back into the draft model
+
+    def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
+        self.cached_len = 0
+
+    def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft | None:
+        width = self.config.tree_width
+        max_depth = min(self.config.num_draft_tokens, budget.max_depth, (budget.max_nodes - 1) // width)
+        if max_depth < 1:
+            return None
+        sampled_chain = not sampling.greedy and width == 1
+        needs_probs = sampled_chain or self.config.stop_threshold > 0
+        pending = torch.tensor(tokens[self.cached_len:], device=self.draft.device)
+        logits = self.draft.extend(pending, self.cached_len)[-1]
+        node_tokens, draft_probs = [tokens[-1]], []
+        for depth in range(1, max_depth + 1):
+            probs = draft_distribution(logits, sampling) if needs_probs else None
+            if sampled_chain:
+                rows = torch.tensor([sample(probs, generator)], device=probs.device)
+                draft_probs.append(full_vocabulary(probs, self.vocabulary, self.vocab_size))
+            else:
+                rows = logits.topk(width).indices
+            level_tokens = token_ids(rows, self.vocabulary)
+            node_tokens += level_tokens
+            if depth == max_depth or (probs is not None and float(probs.max()) < self.config.stop_threshold):
+                break
+            slot = len(tokens) + depth - 1
+            logits = self.draft.extend(torch.tensor(level_tokens[:1], device=self.draft.device), slot)[-1]
+        self._proposal_base, self._fed_chain = len(tokens), depth - 1
+        return Draft(
+            tree=tree_tensors(TreeSpec((width,) * depth)),
+            node_tokens=torch.tensor(node_tokens, device=self.draft.device),
+            draft_probs=torch.stack(draft_probs) if sampled_chain else None,
+        )
+
+    def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
+        if draft is None:
+            return   # a plain step: the next proposal feeds the new tokens from cached_len
+        chain_accepted = 0
+        for node, chain_node in zip(acceptance.path[1:], draft.tree.chain_nodes):
+            if node != chain_node:
+                break
+            chain_accepted += 1
+        self.cached_len = self._proposal_base + min(chain_accepted, self._fed_chain)
+
+
+def build_runtime(context, config: DraftModelConfig) -> MethodRuntime:
+    draft = context.model("draft")
+    return MethodRuntime(context.model("target"),
+                         DraftModelDrafter(draft, config, vocabulary_from_state(context.state, draft.device)))
