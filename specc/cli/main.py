@@ -221,9 +221,9 @@ def _add_distill_data(verbs):
 
 def _add_distill_draft(verbs):
     p = _verb(verbs, "distill-draft", "build a small draft model for a target: its first layers, self-distilled",
-              "  specc distill-draft ./my-model --layers 4 --calib-data calib.jsonl -o drafts/my-model-l4\n"
-              "  specc compile ./my-model --method draft-model --set draft_model=drafts/my-model-l4 -o engines/d\n",
-              description="Write a Hugging Face checkpoint to use as --set draft_model=DIR when the target has "
+              "  specc distill-draft ./my-model --layers 4 --calib-data calib.jsonl -o drafts/my-model-l4\n",
+              description="Write a Hugging Face checkpoint for the methods that draft with a separate model (their "
+                          "draft checkpoint setting; see `specc methods`) when the target has "
                           "no smaller sibling sharing its tokenizer: the target's embedding, first --layers "
                           "decoder layers, final norm and LM head, then the layers and the norm trained to "
                           "match the frozen target's next-token distribution (soft cross-entropy on its top-k). "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specc.errors import SpeccError, UsageError
-from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, SCHEDULE_KEY, SpecEEConfig
+from specc.methods.specee.config import SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.early_exit import (FEATURE, DraftHead, EarlyExit, ExitSchedule, FollowsAcceptedTokens,
                                             previous_features)
 from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
@@ -31,6 +31,7 @@ from specc.methods.specee.layerwise import LayerwiseForward
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.context import MethodContext
+from specc.runtime.draft_logits import vocabulary_from_state
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
@@ -59,10 +60,7 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
 
 def build_early_exit(ctx: MethodContext, config: SpecEEConfig, full: CachedModel) -> EarlyExit:
     layerwise = LayerwiseForward(ctx.modules["layerwise"], ctx.lower_segment, config.kv_policy)
-    vocabulary = ctx.state.get(DRAFT_VOCABULARY_KEY)
-    head = DraftHead(ctx.model("draft_head"),
-                     None if vocabulary is None else torch.tensor(vocabulary, device=ctx.device),
-                     config.candidates)
+    head = DraftHead(ctx.model("draft_head"), vocabulary_from_state(ctx.state, ctx.device), config.candidates)
     schedule_state = ctx.state.get(SCHEDULE_KEY) or {}
     offline = tuple(schedule_state.get("offline", layerwise.scored_layers))
     schedule = ExitSchedule(offline, layerwise.scored_layers, config.online_tokens)
