@@ -40,7 +40,7 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         for record in (r for r in manifest["passes"] if r["graph"] == name):
             lines += _describe_pass(record)
     for key, value in manifest.get("method_state", {}).items():
-        lines.append(f"\n{key}: {value}")
+        lines.append(f"\n{key}: {_state_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -94,6 +94,19 @@ def _describe_pass(record: dict) -> list[str]:
     if record["added_parameters"]:
         lines.append(f"    added parameters: {', '.join(record['added_parameters'])}")
     return lines
+
+
+def _state_value(value, limit: int = 16) -> str:
+    """A method-state value as its repr, long lists (a reduced vocabulary holds thousands
+    of token ids) cut to their first `limit` items and their length."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key!r}: {_state_value(item, limit)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        items = [_state_value(item, limit) for item in value[:limit]]
+        if len(value) > limit:
+            items.append(f"… ({len(value)} items)")
+        return "[" + ", ".join(items) + "]"
+    return repr(value)
 
 
 def _abbreviate(names: list[str], limit: int = 8) -> list[str]:

@@ -4,8 +4,8 @@ A specc graph writes each layer's new keys/values into its cache input in
 place (`index_put_`, see `insert_kv_cache`). ONNX has no in-place writes:
 exported, the write is a functional ScatterND whose result only feeds the
 attention, and the caller's cache never changes. `expose_cache_writes`
-rewrites a copy of the graph so that each write is the functional
-`index_put` and the rows it writes are extra outputs, after the graph's
+rewrites a copy of the graph so that each write is functional (a
+`scatter` along the slot axis) and the rows it writes are extra outputs, after the graph's
 own; the caller then writes them into its caches at the cache slots
 (`write_rows_into_caches`), touching only q rows per cache, as the graph did.
 
@@ -64,6 +64,7 @@ def expose_cache_writes(gm: fx.GraphModule, signature: GraphSignature) -> CacheW
                 write.target = aten.index_put.default
                 _write_into_read_window(flat.graph, write)
                 rows.append((CacheRows(f"{spec.name}_rows", index), write.args[2]))
+                _scatter_along_slots(flat.graph, write)
     output = output_node(flat.graph)
     originals = output.args[0]
     returns_sequence = isinstance(originals, (tuple, list))
@@ -116,6 +117,20 @@ def _write_into_read_window(graph: fx.Graph, write: fx.Node) -> None:
         read.replace_all_uses_with(write)
         graph.erase_node(read)
     write.args = (window, *write.args[1:])
+
+
+def _scatter_along_slots(graph: fx.Graph, write: fx.Node) -> None:
+    """Replace `index_put(window, [None, None, slots], rows)` by the same write as
+    `scatter(window, 2, slots broadcast to rows, rows)`. ONNX exports the first as a
+    ScatterND with the slot axis transposed to the front and back again (three extra
+    copies of the window per cache per step), the second as one ScatterElements."""
+    window, indices, rows = write.args[:3]
+    with graph.inserting_before(write):
+        index = graph.call_function(aten.view.default, (indices[2], [1, 1, -1, 1]))
+        index = graph.call_function(aten.expand_as.default, (index, rows))
+        scatter = graph.call_function(aten.scatter.src, (window, 2, index, rows))
+    write.replace_all_uses_with(scatter)
+    graph.erase_node(write)
 
 
 def write_rows_into_caches(caches: list[torch.Tensor], rows: list[torch.Tensor], slots: torch.Tensor) -> None:

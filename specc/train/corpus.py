@@ -38,10 +38,14 @@ class TokenWindows:
     heldout_scored: list[torch.Tensor] | None = None
 
 
+METHOD_REMEDY = "pass more text with --set calib_data=FILE or lower train_seq_len"
+
+
 def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: int,
-                  heldout_count: int, seed: int) -> TokenWindows:
+                  heldout_count: int, seed: int, remedy: str = METHOD_REMEDY) -> TokenWindows:
     """Up to `train_count` training windows (fewer if the data is short: they are
-    then reused in order) and up to `heldout_count` held-out ones, shuffled by `seed`."""
+    then reused in order) and up to `heldout_count` held-out ones, shuffled by `seed`.
+    Too little data is an error ending in `remedy`, in the caller's own flags."""
     scored = None
     conversations = _reply_records(calib_data) if calib_data is not None else None
     if conversations is not None:
@@ -54,7 +58,7 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
     if not train or not heldout:
         raise UsageError(
             f"the calibration data ({source}) gives {len(train)} training and {len(heldout)} held-out windows "
-            f"of {seq_len} tokens; pass more text with --set calib_data=FILE or lower train_seq_len"
+            f"of {seq_len} tokens; {remedy}"
         )
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
     def shuffled(items: list) -> list:

@@ -89,7 +89,8 @@ def distill_draft(request: DraftDistillRequest) -> DraftDistillReport:
     checkpoint, target_layers = _checked_target(request)
     tokenizer = load_tokenizer(checkpoint)
     windows = token_windows(tokenizer, request.calib_data, request.seq_len, request.train_windows,
-                            request.eval_sequences, request.seed)
+                            request.eval_sequences, request.seed,
+                            remedy="pass more text with --calib-data FILE or lower --seq-len")
     target = load_model(checkpoint)
     draft = truncated_draft(target, request.layers)
     training = train_draft(target, draft, windows, request)

@@ -143,3 +143,13 @@ def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, caps
                            "-o", str(root / "x"))
     assert code == 2 and "needs tensor_cores, which backend 'aoti' does not provide" in err
     assert not (root / "x").exists()
+
+
+def test_inspect_cuts_long_method_state_lists():
+    from specc.inspect_engine import _state_value
+
+    state = {"draft_vocabulary": list(range(8192)), "threshold": 0.9, "layers": [3, 5]}
+    text = _state_value(state)
+    assert text.startswith("{'draft_vocabulary': [0, 1, 2,") and "… (8192 items)]" in text
+    assert "8191" not in text and len(text) < 200
+    assert text.endswith("'threshold': 0.9, 'layers': [3, 5]}")

@@ -109,7 +109,8 @@ def test_bad_input_exits_2_and_leaves_nothing(targets, tmp_path, capsys):
     for extra, message in ((["--layers", "0"], "--layers 0 must be at least 1"),
                            (["--layers", "3"], "--layers 3 must be below the target's 3 layers"),
                            (["--calib-data", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
-                           (["--learning-rate", "0"], "--learning-rate 0.0 must be positive")):
+                           (["--learning-rate", "0"], "--learning-rate 0.0 must be positive"),
+                           (["--layers", "1", "--seq-len", "100000"], "pass more text with --calib-data FILE or lower --seq-len")):
         code, err = run(*extra)
         assert code == 2 and message in err and err.count("\n") == 1, err
         assert list(tmp_path.iterdir()) == []
