@@ -1,8 +1,8 @@
 """`onnx`: ONNX graphs (`compiled/<graph>.onnx`) exported at compile time, run by onnxruntime.
 
-Each graph is exported with `torch.onnx.export(..., dynamo=True)` from
-example inputs built from its declared signature, its `q` and `kv`
-dimensions dynamic. ONNX cannot write the caller's KV cache in place, so
+Each graph is exported with `torch.onnx.export(..., dynamo=True)` at opset
+`ONNX_OPSET` from example inputs built from its declared signature, its `q`
+and `kv` dimensions dynamic. ONNX cannot write the caller's KV cache in place, so
 the export is of a rewritten copy (`onnx_cache_rows.expose_cache_writes`)
 that returns the rows each layer writes; at run time
 (`onnx_session.OnnxSessionGraph`) those rows are copied into the torch
@@ -10,8 +10,9 @@ caches at the cache slots. Inputs, caches included, are bound to the
 session by pointer (IO binding), and outputs are written into tensors
 allocated from the signature, so outside the graph a step copies only q
 rows per cache; inside it, the functional write copies the attended window
-(`kv` rows), where the torch graph reads a view. onnxruntime runs on CUDAExecutionProvider when it is
-available, else on CPUExecutionProvider; it has no bfloat16 CPU kernels, so
+(`kv` rows, one ScatterElements), where the torch graph reads a view.
+onnxruntime runs on CUDAExecutionProvider when it is available, else on
+CPUExecutionProvider; it has no bfloat16 CPU kernels, so
 a bfloat16 engine is refused at packaging unless the CUDA provider is there.
 
 Segments a method calls at run time (e.g. skippable sublayers, when the
@@ -104,7 +105,8 @@ def export_onnx(target: LoweringTarget, artifacts: Path) -> list[str]:
         with _quiet_exporter():
             program = torch.onnx.export(
                 rewritten.module.eval(), tuple(example_inputs(target.signature, target.sizes, target.dtype)),
-                dynamo=True, opset_version=ONNX_OPSET, dynamic_shapes=tuple(dynamic_dims(target.signature, target.max_seq_len)),
+                dynamo=True, opset_version=ONNX_OPSET,
+                dynamic_shapes=tuple(dynamic_dims(target.signature, target.max_seq_len)),
                 input_names=target.signature.input_names, output_names=output_names,
                 custom_translation_table=ONNX_TRANSLATIONS or None, verbose=False)
             program.save(str(path))

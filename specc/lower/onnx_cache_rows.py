@@ -2,7 +2,7 @@
 
 A specc graph writes each layer's new keys/values into its cache input in
 place (`index_put_`, see `insert_kv_cache`). ONNX has no in-place writes:
-exported, the write is a functional ScatterND whose result only feeds the
+exported, the write is a functional scatter whose result only feeds the
 attention, and the caller's cache never changes. `expose_cache_writes`
 rewrites a copy of the graph so that each write is functional (a
 `scatter` along the slot axis) and the rows it writes are extra outputs, after the graph's
