@@ -40,7 +40,7 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         for record in (r for r in manifest["passes"] if r["graph"] == name):
             lines += _describe_pass(record)
     for key, value in manifest.get("method_state", {}).items():
-        lines.append(f"\n{key}: {_state_value(value)}")
+        lines.append(f"\n{key}: {value if isinstance(value, str) else _state_value(value)}")
     return "\n".join(lines) + "\n"
 
 
