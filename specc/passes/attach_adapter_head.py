@@ -3,6 +3,9 @@
 Input: a graph whose decoder layers read the `exit_hidden` input (the deep
 side of `expose_layer_exit`). Output: exit → input RMSNorm → one attention
 block with its residual (no MLP) → final RMSNorm → the target's LM head.
+With `with_mlp`, the adapter keeps layer l's MLP too (a whole decoder layer,
+as EAGLE's draft block): more capacity for a model whose shallow layers
+predict poorly, at the cost of one MLP read per drafted token.
 
 The adapter is the target's own first remaining layer (l) with its MLP and
 every later layer cut away, so its attention is the family's attention as
@@ -41,10 +44,11 @@ class AdapterHeadConfig:
     exit_input: str = "exit_hidden"
     module_name: str = "adapter"
     cache_names: tuple[str, str] = ("k_cache_adapter", "v_cache_adapter")
+    with_mlp: bool = False
 
     def to_json(self) -> dict:
         return {"exit_input": self.exit_input, "module_name": self.module_name,
-                "cache_names": list(self.cache_names)}
+                "cache_names": list(self.cache_names), "with_mlp": self.with_mlp}
 
 
 class AttachAdapterHead(GraphPass):
@@ -62,9 +66,13 @@ class AttachAdapterHead(GraphPass):
         layer = min(i for i in map(layer_index, exit_input.users) if i is not None)
         sdpa = attention_of(graph, layer)
         layer_path = _LAYER_PATH.match(module_path(sdpa)).group(1)
-        residual = _attention_residual(graph, sdpa, layer_path)
+        if self.config.with_mlp:
+            residual = layer_output(graph, layer)
+        else:
+            residual = _attention_residual(graph, sdpa, layer_path)
         last_output = layer_output(graph, max(i for i in map(layer_index, graph.nodes) if i is not None))
-        last_output.replace_all_uses_with(residual)
+        if last_output is not residual:
+            last_output.replace_all_uses_with(residual)
         remove_unreachable(graph)
         norm_path = final_norm_path(residual)
         renames = {layer_path: self.config.module_name, norm_path: f"{self.config.module_name}.norm"}

@@ -19,7 +19,7 @@ Why segments and not a branch inside the graph: the skip set must change
 at run time with no recompilation and no copy of the KV cache. `torch.cond`
 branches may not mutate their inputs (the attention's cache write does),
 and a data-dependent select would compute both sides. Calling only the
-non-skipped segments (`specc.methods.swift.segments`) does neither: the
+non-skipped segments (the drafter's job, at run time) does neither: the
 compiled segments stay the same whatever the skip set, and they write into
 the one shared cache. Running the parent graph calls every segment, which
 is exactly the unsegmented model (Inductor and export inline the segments).

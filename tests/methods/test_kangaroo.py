@@ -119,6 +119,22 @@ def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_tokens(checkpo
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+def test_adapter_with_mlp_trains_the_mlp_and_is_lossless(checkpoints, tmp_path, one_thread):
+    target = checkpoints("qwen3")[0]
+    compile_engine(CompileRequest(model=str(target), method="kangaroo", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN, settings=[*TRAIN, "adapter_mlp=true"]))
+    engine = load_engine(tmp_path / "engine")
+    source = load_file(str(engine.path / "weights" / "target.safetensors"))
+    added = load_file(str(engine.path / "weights" / "added.safetensors"))
+    layer = engine.method_state["exit_layer"]
+    for name in ("mlp.down_proj.weight", "post_attention_layernorm.weight"):
+        assert f"adapter.{name}" in added
+    assert not torch.equal(added["adapter.mlp.down_proj.weight"], source[f"model.layers.{layer}.mlp.down_proj.weight"]), \
+        "training must move the adapter's MLP away from its initial copy"
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_inductor_matches_hf_greedy(engines, one_thread, family):
     engine, target = engines(family, "inductor")

@@ -11,7 +11,7 @@ from specc.capture.export import capture
 from specc.capture.load import load_model
 from specc.graph.nodes import layer_index
 from specc.methods.infrastructure import infrastructure_passes
-from specc.passes.attach_adapter_head import AttachAdapterHead
+from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHead
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
 from specc.passes.manager import run_passes
 from specc.runtime.masks import causal_chunk_mask
@@ -21,7 +21,7 @@ EXIT = 1
 _graphs: dict[str, tuple] = {}
 
 
-def adapter_graph(checkpoints, family: str):
+def adapter_graph(checkpoints, family: str, with_mlp: bool = False):
     """(HF model, the adapter graph cut at layer EXIT, its pass result)."""
     if family not in _graphs:
         model = load_model(checkpoints(family)[0])
@@ -29,7 +29,7 @@ def adapter_graph(checkpoints, family: str):
         gm, _ = run_passes("adapter", capture(model, 32).graph_module, passes)
         _graphs[family] = (model, gm)
     model, gm = _graphs[family]
-    result = AttachAdapterHead()(copy.deepcopy(gm))
+    result = AttachAdapterHead(AdapterHeadConfig(with_mlp=with_mlp))(copy.deepcopy(gm))
     return model, result.graph_module, result
 
 
@@ -43,14 +43,17 @@ def run_adapter(model, gm, ids, exits, start=0, cache=None):
     return logits, cache
 
 
-def reference(model, ids):
+def reference(model, ids, with_mlp: bool = False):
     """The same computation with the HF model's own modules (the adapter starts as copies)."""
     layer = model.model.layers[EXIT]
     with torch.no_grad():
         exits = model(ids, output_hidden_states=True).hidden_states[EXIT]
         cos_sin = model.model.rotary_emb(exits, torch.arange(ids.shape[1])[None])
         attended, _ = layer.self_attn(layer.input_layernorm(exits), cos_sin, None)
-        return exits, model.lm_head(model.model.norm(exits + attended))
+        hidden = exits + attended
+        if with_mlp:
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return exits, model.lm_head(model.model.norm(hidden))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -60,6 +63,17 @@ def test_adapter_is_layer_l_attention_then_final_norm_and_head(checkpoints, fami
     exits, expected = reference(model, ids)
     logits, _ = run_adapter(model, gm, ids, exits)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_adapter_with_mlp_is_the_whole_layer_l(checkpoints, family):
+    model, gm, result = adapter_graph(checkpoints, family, with_mlp=True)
+    ids = torch.randint(4, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    exits, expected = reference(model, ids, with_mlp=True)
+    logits, _ = run_adapter(model, gm, ids, exits)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert {"adapter.post_attention_layernorm.weight", "adapter.mlp.down_proj.weight"} <= set(result.added_parameters)
+    assert all(layer_index(n) is None for n in gm.graph.nodes), "no node may pass for a decoder layer"
 
 
 def test_adapter_cache_and_positions_match_a_single_pass(checkpoints):

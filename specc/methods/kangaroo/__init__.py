@@ -23,7 +23,7 @@ from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, Trai
 from specc.methods.infrastructure import infrastructure_passes
 from specc.methods.kangaroo.config import KangarooConfig
 from specc.methods.kangaroo.runtime import build_runtime
-from specc.passes.attach_adapter_head import AttachAdapterHead
+from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHead
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
 
 __all__ = ["METHOD", "KangarooConfig"]
@@ -37,7 +37,7 @@ def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
         "shallow": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(shallow)]),
         "deep": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
         "adapter": GraphRecipe(TARGET, lambda c: infrastructure_passes()
-                               + [ExposeLayerExit(deep), AttachAdapterHead()]),
+                               + [ExposeLayerExit(deep), AttachAdapterHead(AdapterHeadConfig(with_mlp=config.adapter_mlp))]),
     }
 
 

@@ -15,6 +15,8 @@ from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-e
 class KangarooConfig(MethodConfig):
     exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
                                 "max(1, round(L/16)), the paper's 2 of 32")
+    adapter_mlp: bool = option(False, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "
+                                      "draft block) instead of the paper's attention-only adapter")
     max_draft_steps: int = option(6, "most tokens drafted per round (gamma)")
     exit_threshold: float = option(0.6, "stop drafting after a token whose top-1 draft probability is "
                                         "below this (eta); 0 drafts max_draft_steps every round")
