@@ -10,6 +10,7 @@ graph's own outputs in the structure the FX graph returns them.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -36,13 +37,35 @@ def execution_providers(onnxruntime) -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
+_shared_pool_threads: int | None = None   # size of the process's one intra-op pool, once created
+
+
+def session_options(ort):
+    """Options under which every specc session shares one intra-op thread pool,
+    sized by torch's thread count (so OMP_NUM_THREADS / `--threads` govern both
+    runtimes) when the first session is made. Why shared: a pool of its own per
+    session keeps its threads spinning after each run, so a method that
+    alternates graphs (draft, then verify) ran each call beside the previous
+    session's spinning threads: a Kangaroo round on 2 cores took 65 ms instead
+    of 27 ms. One thread needs no pool and keeps per-session threads."""
+    global _shared_pool_threads
+    options = ort.SessionOptions()
+    threads = torch.get_num_threads()
+    if _shared_pool_threads is None and threads == 1:
+        options.intra_op_num_threads = 1
+        return options
+    if _shared_pool_threads is None:
+        importlib.import_module("onnxruntime.capi._pybind_state").set_global_thread_pool_sizes(threads, 1)
+        _shared_pool_threads = threads
+    options.use_per_session_threads = False
+    return options
+
+
 class OnnxSessionGraph:
     def __init__(self, path: Path, signature: GraphSignature, float_dtype: torch.dtype, sizes: dict[str, int],
                  returns_sequence: bool):
         ort = import_onnxruntime()
-        options = ort.SessionOptions()
-        # Match torch's thread count, so OMP_NUM_THREADS / torch.set_num_threads govern both runtimes.
-        options.intra_op_num_threads = torch.get_num_threads()
+        options = session_options(ort)
         providers = execution_providers(ort)
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -201,6 +202,28 @@ def graph_calling_custom_op() -> fx.GraphModule:
 
     exported = torch.export.export(ScaleThenShift(), (torch.ones(3),)).module()
     return fx.GraphModule(exported, exported.graph)
+
+
+SHARED_POOL_PROBE = """
+import onnxruntime, torch
+from specc.lower.onnx_session import session_options
+torch.set_num_threads(1)
+single = session_options(onnxruntime)
+torch.set_num_threads(2)
+first, second = session_options(onnxruntime), session_options(onnxruntime)
+torch.set_num_threads(1)
+after = session_options(onnxruntime)
+print(single.use_per_session_threads, single.intra_op_num_threads,
+      [o.use_per_session_threads for o in (first, second, after)])
+"""
+
+
+def test_sessions_share_one_thread_pool_once_threads_exceed_one():
+    """Per-session pools keep spinning after a run, so graphs called in turn (draft, then
+    verify) ran beside each other's idle threads; with more than one thread every session
+    shares one pool, and keeps it (onnxruntime refuses per-session pools after that)."""
+    out = subprocess.run([sys.executable, "-c", SHARED_POOL_PROBE], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "True 1 [False, False, False]"
 
 
 def test_a_custom_operator_without_translation_is_named():
