@@ -29,10 +29,8 @@ def generate_text(engine, prompt_ids: list[int], max_new_tokens: int, sampling, 
                   should_abort: Callable[[], bool] | None = None) -> TextGeneration:
     """Generate after `prompt_ids` with a `LoadedEngine`; `on_text(piece)` streams the text.
     `should_abort()` is asked after every round (e.g. a client that went away)."""
-    from specc.runtime.generate import stream
-
     stops = [s for s in stop if s]
-    rounds = stream(engine.target, engine.drafter, prompt_ids, max_new_tokens, sampling, engine.max_seq_len)
+    rounds = engine.rounds(prompt_ids, max_new_tokens, sampling)
     delta = TextDelta(engine.tokenizer)
     text, sent, stopped, ask = "", 0, False, None
     while True:

@@ -15,6 +15,7 @@ default, unless told otherwise:
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 ENV_VARS = ("SPECC_THREADS", "OMP_NUM_THREADS")
@@ -86,3 +87,19 @@ def apply_threads(requested: int | None = None) -> int:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """Torch's intra-op threads set to `count` for the block, then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

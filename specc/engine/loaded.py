@@ -15,11 +15,11 @@ from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
-from specc.lower.backend import Backend, LoweringTarget
+from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.registry import get_backend
 from specc.methods.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
-from specc.runtime.generate import GenerationResult, generate
+from specc.runtime.generate import GenerationResult, generate, stream
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
 
@@ -74,8 +74,19 @@ class LoadedEngine:
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,
                      sampling: SamplingConfig = SamplingConfig(), on_tokens=None) -> GenerationResult:
-        return generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
-                        self.max_seq_len, on_tokens=on_tokens)
+        with self._generation_scope():
+            return generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
+                            self.max_seq_len, on_tokens=on_tokens)
+
+    def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()):
+        """The decoding loop as a generator (`specc.runtime.generate.stream`: send, yield
+        each round's tokens, return the result), under the backend's generation scope."""
+        with self._generation_scope():
+            return (yield from stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens,
+                                      sampling, self.max_seq_len))
+
+    def _generation_scope(self):
+        return self.backend.generation_scope(RUN_TIME_SEGMENTS in self.method.requires)
 
     def encode(self, prompt: str) -> list[int]:
         if not prompt:

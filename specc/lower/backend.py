@@ -8,6 +8,7 @@ backend. Every graph a backend lowers comes with its declared signature
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -55,6 +56,12 @@ class Backend:
     def load(self, target: LoweringTarget, artifacts: Path, manifest: dict) -> Callable:
         """The callable that runs the graph (same inputs and outputs as the graph)."""
         raise NotImplementedError
+
+    def generation_scope(self, run_time_segments: bool) -> contextlib.AbstractContextManager:
+        """Held while an engine of this backend generates: e.g. a thread policy for the torch
+        work between graph calls. `run_time_segments`: the method also runs torch-lowered
+        segments (`lower_segment`), real compute for torch."""
+        return contextlib.nullcontext()
 
     def lower_segment(self, segment: fx.GraphModule) -> Callable:
         """A callable for one segment (submodule) of a graph, built when the engine loads."""

@@ -65,6 +65,22 @@ def test_none_matches_hf_greedy(checkpoints, none_engines, family):
     assert_identical(engine, checkpoints(family)[0])
 
 
+def test_torch_runs_one_thread_while_an_onnx_engine_generates(none_engines):
+    """Between session calls torch does only small ops; its OpenMP threads would fight
+    onnxruntime's pool for the cores. Afterwards torch's own thread count is back."""
+    engine = load_engine(none_engines("llama")[0])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        engine.generate_ids([5, 6, 7], 4, on_tokens=lambda ids: seen.append(torch.get_num_threads()))
+        streamed = [torch.get_num_threads() for _ in engine.rounds([5, 6, 7], 4)]
+        assert seen and set(seen) == set(streamed) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_packaging_is_in_the_manifest_and_inspect(none_engines):
     path, _ = none_engines("llama")
     manifest = json.loads((path / "manifest.json").read_text())

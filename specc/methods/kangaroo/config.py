@@ -15,8 +15,10 @@ from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-e
 class KangarooConfig(MethodConfig):
     exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
                                 "max(1, round(L/16)), the paper's 2 of 32")
-    adapter_mlp: bool = option(False, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "
-                                      "draft block) instead of the paper's attention-only adapter")
+    adapter_mlp: bool = option(True, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "
+                                     "draft block); false is the paper's attention-only adapter. On "
+                                     "SmolLM2-135M the MLP raised held-out top-1 agreement 0.25 -> 0.28 at "
+                                     "equal training")
     max_draft_steps: int = option(6, "most tokens drafted per round (gamma)")
     exit_threshold: float = option(0.6, "stop drafting after a token whose top-1 draft probability is "
                                         "below this (eta); 0 drafts max_draft_steps every round")
@@ -24,13 +26,13 @@ class KangarooConfig(MethodConfig):
                                 "adapter's top-k there (a top-1 chain with sibling fans)")
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is "
                                         "below this (used only with tree_width > 1)")
-    train_steps: int = option(1200, "adapter training steps at compile time, one sequence each "
-                                    "(0 keeps the initial adapter: copies of layer l's attention); on the "
-                                    "8-layer `small` reference model 300 steps reach 0.35 held-out top-1 "
-                                    "agreement, 1500 reach 0.42 (~45 ms/step on one CPU thread)")
-    train_windows: int = option(256, "distinct training windows: the frozen target runs once on each and its "
-                                     "exit states and top-k next-token probabilities are cached; the steps "
-                                     "cycle through them")
+    train_steps: int = option(3000, "adapter training steps at compile time, one sequence each "
+                                    "(0 keeps the initial adapter: copies of layer l's attention and MLP); on "
+                                    "SmolLM2-135M, 3000 steps over 768 windows reach 0.36 held-out top-1 "
+                                    "agreement (1200 over 256: 0.28), training in about 8 minutes on 2 cores")
+    train_windows: int = option(768, "distinct training windows (at most train_steps are used): the frozen "
+                                     "target runs once on each and its exit states and top-k next-token "
+                                     "probabilities are cached; the steps cycle through them")
     teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
     draft_vocab_size: int = option(8192, "rows of the adapter's LM head: the most frequent tokens of the "
                                          "calibration text (verification keeps the full head, so output is "

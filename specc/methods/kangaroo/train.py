@@ -44,7 +44,8 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
     reduce = 0 < config.draft_vocab_size < arch.vocab_size
     if not reduce and config.train_steps == 0:
         return TrainResult(_trained(program.graphs["adapter"].module), state)
-    windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
+    used = min(config.train_windows, max(config.train_steps, 1))   # the teacher runs on no unused window
+    windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, used,
                             config.eval_sequences, config.seed)
     to_student, extra = None, {}
     if reduce:
