@@ -7,13 +7,13 @@ With `with_mlp`, the adapter keeps layer l's MLP too (a whole decoder layer,
 as EAGLE's draft block): more capacity for a model whose shallow layers
 predict poorly, at the cost of one MLP read per drafted token.
 
-The adapter is the target's own first remaining layer (l) with its MLP and
-every later layer cut away, so its attention is the family's attention as
-captured: same projections, rotary positions from `position_ids`, the same
-`attn_mask` input and cached keys/values, and no forked modeling code. It
-gets parameters of its own, under the `adapter` module of the graph
-(initialised as copies of layer l's input norm and attention and of the
-final norm), and a KV cache of its own (inputs `k_cache_adapter`,
+The adapter is the target's own first remaining layer (l) with its MLP
+(unless `with_mlp`) and every later layer cut away, so its attention is
+the family's attention as captured: same projections, rotary positions
+from `position_ids`, the same `attn_mask` input and cached keys/values,
+and no forked modeling code. It gets parameters of its own, under the
+`adapter` module of the graph (initialised as copies of layer l's
+parameters it keeps and of the final norm), and a KV cache of its own (inputs `k_cache_adapter`,
 `v_cache_adapter`, placed before `exit_hidden`). The LM head stays the
 target's, shared and frozen.
 """

@@ -2,7 +2,8 @@
 
 Kangaroo (Liu et al., 2024) drafts with the target's first `l` layers plus
 a small trained adapter (input RMSNorm → one attention block with residual
-→ final RMSNorm → the target's own LM head), and stops drafting as soon as
+→ final RMSNorm → the target's own LM head; specc keeps layer l's MLP in it
+by default, `adapter_mlp`, as EAGLE's draft block), and stops drafting as soon as
 the adapter's top-1 probability drops below η. Verification runs only
 layers l..L-1 on the stored layer-l exits. Three graphs, all cut from the
 target by passes:
@@ -33,11 +34,12 @@ def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
     layer = config.exit_layer or None    # None: the pass scales the paper's 2 of 32 to the model
     shallow = LayerExitConfig(layer, keep="shallow")
     deep = LayerExitConfig(layer, keep="deep")
+    adapter = AdapterHeadConfig(with_mlp=config.adapter_mlp)
     return {
         "shallow": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(shallow)]),
         "deep": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
         "adapter": GraphRecipe(TARGET, lambda c: infrastructure_passes()
-                               + [ExposeLayerExit(deep), AttachAdapterHead(AdapterHeadConfig(with_mlp=config.adapter_mlp))]),
+                               + [ExposeLayerExit(deep), AttachAdapterHead(adapter)]),
     }
 
 
@@ -49,8 +51,8 @@ def _train(program, config: KangarooConfig, tokenizer) -> TrainResult:
 
 METHOD = MethodDescriptor(
     name="kangaroo",
-    summary="self-speculation from a shallow exit of the target with a trained one-attention adapter "
-            "head; verification resumes at the exit (chain or top-k tree)",
+    summary="self-speculation from a shallow exit of the target with a trained adapter head (a copy "
+            "of layer l); verification resumes at the exit (chain or top-k tree)",
     config_class=KangarooConfig,
     graphs=_graphs,
     build_runtime=build_runtime,
