@@ -94,8 +94,9 @@ def test_trees_and_fixed_steps_match_hf_greedy(engines, one_thread, family, vari
     engine, target = engines(family)
     model, drafter, rounds = runtime(engine.context, KangarooConfig(**VARIANTS[variant]))
     assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
-    assert any(len(path) - 1 == tree.spec.depth for tree, path in rounds), "no round was fully accepted"
-    assert any(len(path) == 1 for _, path in rounds), "no round was fully rejected"
+    drafted = [(tree, path) for tree, path in rounds if tree.spec.depth]
+    assert any(len(path) - 1 == tree.spec.depth for tree, path in drafted), "no round was fully accepted"
+    assert any(len(path) == 1 for _, path in drafted), "no round was fully rejected"
     if "tree" in variant:
         assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
             "no sibling was ever accepted; the tree lost coverage"
@@ -167,6 +168,30 @@ def test_verification_never_reruns_the_shallow_layers(engines, one_thread, varia
     assert counted["shallow"].rows > fed_during_drafting > 0
 
 
+def test_a_round_below_the_skip_threshold_is_a_plain_step_that_keeps_the_roots_exit(engines, one_thread):
+    engine, target = engines("llama")
+    counted = {name: Rows(engine.context.graphs[name]) for name in ("shallow", "deep", "adapter")}
+    model, drafter, rounds = runtime(engine.context, KangarooConfig(skip_threshold=1.0), counted)
+    results = assert_identical(
+        lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN), target)
+    assert sum(r.stats.drafted_tokens for r in results) == 0
+    assert rounds and all(tree.spec.depth == 0 and path == [0] for tree, path in rounds)
+    # Each root went through the shallow layers while drafting; verification did not repeat them.
+    assert counted["shallow"].rows == counted["deep"].rows
+
+
+def test_the_skip_threshold_only_removes_unconfident_first_tokens(engines, one_thread):
+    engine, _ = engines("llama")
+    counts = []
+    for threshold in (0.0, 0.3):
+        model, drafter, _ = runtime(engine.context, KangarooConfig(skip_threshold=threshold))
+        drafted = recording_drafted_tokens(drafter)
+        for ids in varied_prompts(8, 96, seed=5):
+            generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN)
+        counts.append(len(drafted))
+    assert 0 < counts[1] < counts[0]
+
+
 # --- sampling keeps the target distribution ------------------------------------
 
 
@@ -185,10 +210,13 @@ def small_vocab(tmp_path_factory):
     ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
     ("reduced-chain", SamplingConfig(temperature=1.0)),
     ("reduced-tree", SamplingConfig(temperature=0.8, top_p=0.9)),
+    ("skipping-chain", SamplingConfig(temperature=1.0)),
 ])
 def test_sampling_matches_the_target_distribution(small_vocab, one_thread, variant, sampling):
     model, program = small_vocab
-    settings = dict(exit_threshold=0.0, max_draft_steps=2)
+    settings = dict(exit_threshold=0.0, max_draft_steps=2, skip_threshold=0.0)
+    if variant.startswith("skipping"):
+        settings.update(skip_threshold=0.5)   # some rounds draft nothing
     if variant.endswith("tree"):
         settings.update(tree_width=3, tree_threshold=1.0)
     state = {}
@@ -206,6 +234,8 @@ def test_sampling_matches_the_target_distribution(small_vocab, one_thread, varia
     context = MethodContext.eager(program, MAX_SEQ_LEN, state=state)
     target, drafter, rounds = runtime(context, KangarooConfig(**settings))
     assert_samples_the_target(model, target, drafter, rounds, sampling, MAX_SEQ_LEN)
+    if variant.startswith("skipping"):
+        assert {tree.spec.depth == 0 for tree, _ in rounds} == {True, False}, "no mix of skipped and drafted rounds"
 
 
 # --- the engine ------------------------------------------------------------------

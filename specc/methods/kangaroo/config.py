@@ -22,6 +22,11 @@ class KangarooConfig(MethodConfig):
     max_draft_steps: int = option(6, "most tokens drafted per round (gamma)")
     exit_threshold: float = option(0.6, "stop drafting after a token whose top-1 draft probability is "
                                         "below this (eta); 0 drafts max_draft_steps every round")
+    skip_threshold: float = option(0.2, "draft nothing in a round whose first token's top-1 draft probability "
+                                        "is below this: verifying a token that is likely wrong costs more than "
+                                        "it is expected to win (on SmolLM2 over ONNX Runtime, 2 cores, a second "
+                                        "row and its shallow layers cost 0.2 of a step, and below 0.2 the first "
+                                        "token was accepted 4-12% of the time); 0 always drafts, as the paper")
     tree_width: int = option(1, "candidates at a low-confidence depth: 1 drafts a chain; k > 1 adds the "
                                 "adapter's top-k there (a top-1 chain with sibling fans)")
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is "
@@ -54,6 +59,7 @@ class KangarooConfig(MethodConfig):
         _check(self.exit_layer >= 0, f"exit_layer={self.exit_layer} must be 0 (automatic) or positive")
         _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
         _check(0.0 <= self.exit_threshold <= 1.0, f"exit_threshold={self.exit_threshold} must be in [0, 1]")
+        _check(0.0 <= self.skip_threshold <= 1.0, f"skip_threshold={self.skip_threshold} must be in [0, 1]")
         _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")
         _check(0.0 <= self.tree_threshold <= 1.0, f"tree_threshold={self.tree_threshold} must be in [0, 1]")
         _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")

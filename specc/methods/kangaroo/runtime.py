@@ -5,7 +5,9 @@ Where work happens, per round (root = the last committed token):
 - drafting runs the shallow layers once on the root and on each chain token
   it feeds on (writing the target's shallow KV for real, at the token's
   tree slot) and runs the adapter on each exit state; the draft carries
-  those exit states to the verifier (`Draft.extras`);
+  those exit states to the verifier (`Draft.extras`). When the first
+  token's confidence is below `skip_threshold` the draft is the root alone,
+  so the round is a plain step that still skips the root's shallow layers;
 - verification runs the shallow layers only on the tree nodes the draft
   brought no exit state for (the last drafted token and any siblings),
   then the deep layers on every node, and returns every node's exit state
@@ -107,6 +109,8 @@ class KangarooDrafter:
         for depth in range(1, max_depth + 1):
             probs = draft_distribution(logits, sampling)
             confidence = float(probs.max())
+            if depth == 1 and confidence < config.skip_threshold:
+                break   # a root-only draft: verification still reuses the root's exit state
             slot = root + len(node_tokens)
             if sampled_chain:
                 level = token_ids(torch.tensor([sample(probs, generator)]), self.vocabulary)
@@ -127,7 +131,7 @@ class KangarooDrafter:
         return Draft(
             tree=tree_tensors(TreeSpec(tuple(widths))),
             node_tokens=torch.tensor(node_tokens, device=device),
-            draft_probs=torch.stack(draft_probs) if sampled_chain else None,
+            draft_probs=torch.stack(draft_probs) if sampled_chain and draft_probs else None,
             extras={EXITS: torch.stack(self._chain_exits), EXIT_NODES: slots - root},
         )
 
