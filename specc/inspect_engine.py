@@ -96,11 +96,17 @@ def _describe_pass(record: dict) -> list[str]:
     return lines
 
 
-def _state_value(value, limit: int = 16) -> str:
+def _state_value(value, limit: int = 16, records: int = 2) -> str:
     """A method-state value as its repr, long lists (a reduced vocabulary holds thousands
-    of token ids) cut to their first `limit` items and their length."""
+    of token ids) cut to their first `limit` items and their length. A list of records
+    (a training curve of dicts) keeps its first `records` and its last, where it ended."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key!r}: {_state_value(item, limit)}" for key, item in value.items()) + "}"
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        if len(value) <= records + 2:
+            return "[" + ", ".join(_state_value(item, limit) for item in value) + "]"
+        head = [_state_value(item, limit) for item in value[:records]]
+        return "[" + ", ".join([*head, f"… ({len(value)} items)", _state_value(value[-1], limit)]) + "]"
     if isinstance(value, list):
         items = [_state_value(item, limit) for item in value[:limit]]
         if len(value) > limit:
