@@ -220,7 +220,7 @@ def _add_distill_data(verbs):
 
 
 def _add_distill_draft(verbs):
-    p = _verb(verbs, "distill-draft", "build a small draft model for a target: its first layers, self-distilled",
+    p = _verb(verbs, "distill-draft", "build a small drafter checkpoint for a target: its first layers, self-distilled",
               "  specc distill-draft ./my-model --layers 4 --calib-data calib.jsonl -o drafts/my-model-l4\n",
               description="Write a Hugging Face checkpoint for the methods that draft with a separate model (their "
                           "draft checkpoint setting; see `specc methods`) when the target has "

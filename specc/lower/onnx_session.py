@@ -46,8 +46,8 @@ def session_options(ort):
     runtimes) when the first session is made. Why shared: a pool of its own per
     session keeps its threads spinning after each run, so a method that
     alternates graphs (draft, then verify) ran each call beside the previous
-    session's spinning threads: a Kangaroo round on 2 cores took 65 ms instead
-    of 27 ms. One thread needs no pool and keeps per-session threads."""
+    session's spinning threads: a self-speculative round (shallow, adapter and
+    deep graphs) on 2 cores took 65 ms instead of 27 ms. One thread needs no pool and keeps per-session threads."""
     global _shared_pool_threads
     options = ort.SessionOptions()
     threads = torch.get_num_threads()

@@ -180,7 +180,7 @@ def test_a_round_below_the_skip_threshold_is_a_plain_step_that_keeps_the_roots_e
     assert counted["shallow"].rows == counted["deep"].rows
 
 
-def test_the_skip_threshold_only_removes_unconfident_first_tokens(engines, one_thread):
+def test_a_skip_threshold_drafts_fewer_tokens(engines, one_thread):
     engine, _ = engines("llama")
     counts = []
     for threshold in (0.0, 0.3):
