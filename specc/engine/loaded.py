@@ -86,7 +86,10 @@ class LoadedEngine:
                                       sampling, self.max_seq_len))
 
     def _generation_scope(self):
-        return self.backend.generation_scope(RUN_TIME_SEGMENTS in self.method.requires)
+        runs_segments = self.runtime.runs_segments
+        if runs_segments is None:
+            runs_segments = RUN_TIME_SEGMENTS in self.method.requires
+        return self.backend.generation_scope(runs_segments)
 
     def encode(self, prompt: str) -> list[int]:
         if not prompt:

@@ -70,7 +70,11 @@ class Drafter(Protocol):
 @dataclass
 class MethodRuntime:
     """A method's runtime: the target the loop verifies with, and its drafter
-    (None decodes one token per target forward)."""
+    (None decodes one token per target forward). `runs_segments` says whether
+    generating calls torch segments between the backend's compiled calls, which
+    decides the backend's generation scope (torch's threads); None: whenever
+    the method requires run-time segments."""
 
     target: Target
     drafter: Drafter | None = None
+    runs_segments: bool | None = None

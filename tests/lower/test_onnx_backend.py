@@ -149,15 +149,39 @@ def test_kangaroo_matches_hf_greedy(checkpoints, tmp_path):
 
 
 def test_swift_matches_hf_greedy(checkpoints, tmp_path):
-    """Verification runs the exported graph (its sublayer segments inlined);
-    the drafter runs the segments eager, writing the same torch caches."""
+    """Verification runs the exported graph (its sublayer segments inlined); while the
+    search runs, the drafter runs the segments eager, writing the same caches."""
     target, _ = checkpoints("llama")
-    compile_onnx(target, tmp_path / "engine", "swift", ["calib_prompts=0", "context_window=8",
+    compile_onnx(target, tmp_path / "engine", "swift", ["calib_prompts=0", "adapt=true", "context_window=8",
                                                        "max_tries_per_prompt=8"])
     engine = load_engine(tmp_path / "engine")
     assert isinstance(engine.target.forward_fn, OnnxSessionGraph)
     results = assert_identical(engine, target)
     assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_swift_drafts_with_the_exported_draft_graph(checkpoints, tmp_path):
+    """With the stored set (`adapt=false`) every draft step runs the exported `draft`
+    graph, the target with that set cut out, writing the same onnx-shared caches."""
+    target, _ = checkpoints("llama")
+    compile_onnx(target, tmp_path / "engine", "swift", ["calib_prompts=0", "adapt=false", "draft_vocab_size=48"])
+    engine = load_engine(tmp_path / "engine")
+    assert {p.name for p in (tmp_path / "engine" / "compiled").iterdir()} == {"target.onnx", "draft.onnx"}
+    assert engine.drafter.compiled.vocabulary.numel() == 48, "the draft graph's head is reduced"
+    compiled = engine.drafter.compiled.model
+    assert isinstance(compiled.forward_fn, OnnxSessionGraph)
+    results = assert_identical(engine, target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert compiled.forward_passes == sum(r.stats.draft_steps for r in results) > 0
+    assert engine.drafter.draft.forward_passes == 0, "no draft step ran the segments"
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:   # no torch segment runs, so torch steps aside for onnxruntime's pool as `none` does
+        seen = []
+        engine.generate_ids([5, 6, 7], 4, on_tokens=lambda ids: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from specc.errors import UsageError
 from specc.inspect_engine import inspect_engine
 from specc.methods.swift import SKIP_SET_KEY, SwiftConfig
 from specc.runtime.acceptance import accept_sampled_tree
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.drafter import DraftBudget
 from specc.runtime.sampling import SamplingConfig, probabilities
 from specc.testing import (FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, hf_greedy,
@@ -26,7 +27,8 @@ LAYERS = 4
 MAX_NEW_TOKENS = 24
 NUM_PROMPTS = 20
 # A short scoring window so the layer-set search runs within 24 new tokens.
-RUN_SETTINGS = ["calib_prompts=0", "context_window=8", "max_tries_per_prompt=8"]
+RUN_SETTINGS = ["calib_prompts=0", "adapt=true", "context_window=8", "max_tries_per_prompt=8"]
+DRAFT_VOCAB = 48   # of the tiny models' 96 tokens: the draft graph's reduced head
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,36 @@ def test_inductor_matches_hf_greedy_and_skip_sets_do_not_recompile(swift_checkpo
         assert_identical(engine, checkpoint, prompts[4:])
     assert engine.drafter.draft.forward_fn.segments == segments
     assert counters["stats"]["unique_graphs"] == graphs, "changing the skip set must not recompile"
+
+
+def test_draft_graph_runs_the_stored_set_and_segments_run_any_other(swift_checkpoint, tmp_path):
+    checkpoint = swift_checkpoint("llama")
+    engine = compile_swift(checkpoint, tmp_path / "engine",
+                           settings=["calib_prompts=0", "adapt=false", f"draft_vocab_size={DRAFT_VOCAB}"])
+    manifest = json.loads((engine.path / "manifest.json").read_text())
+    cut = [r for r in manifest["passes"] if r["pass_name"] == "skip_sublayers"]
+    assert [(r["graph"], r["config"]["skip"]) for r in cut] == [("draft", ["attn_1", "mlp_1"])], "odd layers"
+    reduced = [r for r in manifest["passes"] if r["pass_name"] == "reduce_draft_vocabulary"]
+    assert [(r["graph"], r["config"]["size"]) for r in reduced] == [("draft", DRAFT_VOCAB)]
+    assert len(engine.method_state[DRAFT_VOCABULARY_KEY]) == DRAFT_VOCAB
+    compiled, segments = engine.drafter.compiled.model, engine.drafter.draft
+    prompts = varied_prompts(8, 96, seed=11)
+    results = assert_identical(engine, checkpoint, prompts[:4])
+    assert compiled.forward_passes == sum(r.stats.draft_steps for r in results) > 0
+    assert segments.forward_passes == 0
+    engine.drafter.use_skip_set(frozenset({"attn_2"}))
+    before = compiled.forward_passes
+    results = assert_identical(engine, checkpoint, prompts[4:])
+    assert segments.forward_passes == sum(r.stats.draft_steps for r in results) > 0
+    assert compiled.forward_passes == before, "another skip set drafts with the segments"
+
+
+def test_draft_graph_false_compiles_the_target_alone(swift_checkpoint, tmp_path):
+    checkpoint = swift_checkpoint("llama")
+    engine = compile_swift(checkpoint, tmp_path / "engine", settings=["calib_prompts=0", "draft_graph=false"])
+    assert engine.drafter.compiled is None
+    assert not any(r["pass_name"] == "skip_sublayers"
+                   for r in json.loads((engine.path / "manifest.json").read_text())["passes"])
 
 
 def test_skip_set_change_reuses_segments_and_stays_lossless(swift_checkpoint, tmp_path):

@@ -20,9 +20,9 @@ __all__ = ["METHOD", "DraftModelConfig", "DraftModelDrafter"]
 
 
 def _train(program, config: DraftModelConfig, tokenizer) -> TrainResult:
-    from specc.methods.draft_model.vocabulary import reduce_draft_head
+    from specc.train.reduce_draft_head import reduce_draft_head
 
-    return reduce_draft_head(program, config, tokenizer)
+    return reduce_draft_head(program, "draft", config.draft_vocab_size, config.calib_data, tokenizer, "draft-model")
 
 
 def _validate(config: DraftModelConfig, model_config) -> None:

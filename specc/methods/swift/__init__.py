@@ -26,6 +26,14 @@ fly. Here:
   can run it ahead of time on calibration prompts and store the found set
   in the engine manifest (`method_state`); at run time it keeps adapting
   unless `adapt=false`.
+- The settled set compiled (`draft_graph`): `specc compile` also cuts the
+  stored set out of an unsegmented copy of the target (`skip_sublayers`),
+  and the backend lowers that `draft` graph like any other. While the
+  drafter drafts with the stored set it runs that one graph (same cache,
+  same KV writes as the segments); segments remain for scoring candidates
+  and for any other set the run-time search adopts. Its LM head is cut to
+  the `draft_vocab_size` most frequent calibration tokens
+  (`reduce_draft_vocabulary`): verification keeps the full head.
 """
 
 from __future__ import annotations
@@ -34,11 +42,17 @@ from specc.lower.backend import RUN_TIME_SEGMENTS
 from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
 from specc.methods.infrastructure import infrastructure_passes
 from specc.methods.swift.config import SKIP_SET_KEY, SwiftConfig
-from specc.methods.swift.drafter import SwiftDrafter, build_drafter
+from specc.methods.swift.drafter import CompiledSkipSet, SwiftDrafter, build_drafter
 from specc.methods.swift.search import describe_skip_set, odd_layers
 from specc.methods.swift.segments import SkippingForward
 from specc.passes.insert_skip_branches import InsertSkipBranches, skip_branches
+from specc.passes.manager import run_passes
+from specc.passes.skip_sublayers import SkipSublayers, SkipSublayersConfig
+from specc.runtime.draft_logits import vocabulary_from_state
 from specc.runtime.drafter import MethodRuntime
+from specc.train.reduce_draft_head import reduce_draft_head
+
+DRAFT_GRAPH = "draft"
 
 __all__ = ["METHOD", "SKIP_SET_KEY", "SwiftConfig", "SwiftDrafter", "build_drafter"]
 
@@ -48,10 +62,17 @@ def _build_runtime(context, config: SwiftConfig) -> MethodRuntime:
     lower = context.lower_segment if config.compile_segments else _run_eager
     forward = SkippingForward(context.modules["target"], lower)
     stored = context.state.get(SKIP_SET_KEY)
-    drafter = build_drafter(target, forward, config, frozenset(stored) if stored is not None else None)
+    stored = frozenset(stored) if stored is not None else None
+    compiled = None
+    if DRAFT_GRAPH in context.graphs and stored is not None:
+        compiled = CompiledSkipSet(context.model(DRAFT_GRAPH, cache=target.cache), stored,
+                                   vocabulary_from_state(context.state, context.device))
+    drafter = build_drafter(target, forward, config, stored, compiled)
     if config.compile_segments and context.compiles_lazily:
         drafter.warm_up()
-    return MethodRuntime(target, drafter)
+    # Drafting only with the compiled draft graph runs no segment (use_skip_set can still
+    # make it run some, then with the backend's generation scope).
+    return MethodRuntime(target, drafter, runs_segments=config.adapt or compiled is None)
 
 
 def _run_eager(segment):
@@ -59,7 +80,10 @@ def _run_eager(segment):
 
 
 def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
-    return {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
+    graphs = {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
+    if config.draft_graph:   # the whole model until `_compile_state` cuts the stored set out of it
+        graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes())
+    return graphs
 
 
 def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
@@ -74,8 +98,20 @@ def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
 
         search = calibrate(graph, config, tokenizer)
         skip, calibration = search.best, {**search.state.to_json(), "skippable": len(search.sublayers)}
-    return TrainResult(state={SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
-                              "swift_calibration": calibration})
+    head = TrainResult()
+    if DRAFT_GRAPH in program.graphs:
+        _cut_draft_graph(program, skip)
+        head = reduce_draft_head(program, DRAFT_GRAPH, config.draft_vocab_size, config.calib_data, tokenizer, "swift")
+    return TrainResult(weights=head.weights,
+                       state={SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
+                              "swift_calibration": calibration, **head.state})
+
+
+def _cut_draft_graph(program, skip: frozenset[str]) -> None:
+    """The `draft` graph becomes the target without the stored set's sublayers."""
+    cut = SkipSublayers(SkipSublayersConfig(tuple(sorted(skip))))
+    module, records = run_passes(DRAFT_GRAPH, program.graphs[DRAFT_GRAPH].module, [cut])
+    program.replace_graph(DRAFT_GRAPH, module, program.records_of(DRAFT_GRAPH) + records)
 
 
 METHOD = MethodDescriptor(
@@ -95,6 +131,6 @@ def _validate(config: SwiftConfig, model_config) -> None:
     """Before any work: the calibration prompts must exist when calibration runs."""
     from specc.methods.validation import check_data_file
 
-    if config.calib_prompts:
+    if config.calib_prompts or (config.draft_graph and config.draft_vocab_size):
         check_data_file(config.calib_data)
 

@@ -24,7 +24,11 @@ class SwiftConfig(MethodConfig):
     max_tries: int = option(1000, "stop searching after this many candidates in all")
     max_tries_per_prompt: int = option(100, "at most this many matchness evaluations per prompt (specc's bound "
                                             "on search overhead; the paper has none)")
-    adapt: bool = option(True, "keep optimising the skip set at run time; false drafts with the stored set")
+    adapt: bool = option(False, "keep optimising the skip set at run time (the paper's on-the-fly search); "
+                                "false drafts with the set `specc compile` stored. On SmolLM2 over ONNX Runtime "
+                                "(code prompts) true measured 0.36x none against 0.67x: scoring candidates costs "
+                                "draft time, and a set adopted at run time drafts with segments, not the "
+                                "compiled draft graph")
     search_seed: int = option(0, "seed of the random candidates and the GP")
     confidence_threshold: float = option(0.8, "epsilon: stop drafting after a token whose top-1 probability "
                                               "is below this")
@@ -40,6 +44,15 @@ class SwiftConfig(MethodConfig):
                                             "`small-qwen2` model a draft step took 6.3 ms with Inductor "
                                             "segments and 4.3 ms eager: per-call overhead outweighs fusion "
                                             "at this size)")
+    draft_graph: bool = option(True, "compile: add a `draft` graph, the target with the stored skip set cut out "
+                                     "(`skip_sublayers`), lowered by the engine's backend; the drafter runs it "
+                                     "while it drafts with that set, and segments for any other set (run-time "
+                                     "search); false drafts with segments only. On SmolLM2 over ONNX Runtime it "
+                                     "holds the kept layers' weights a second time")
+    draft_vocab_size: int = option(8192, "rows of the draft graph's LM head: the most frequent tokens of the "
+                                         "calibration text (verification and the segments keep the full head, "
+                                         "so output is unchanged); 0, or at least the vocabulary size, keeps "
+                                         "the full head")
     calib_prompts: int = option(8, "compile: optimise the skip set on this many calibration prompts first "
                                    "(0: the engine starts from the odd-layer set)")
     calib_data: str | None = option(None, "compile: calibration prompts, a JSONL or text file (default: "
@@ -53,7 +66,7 @@ class SwiftConfig(MethodConfig):
         for name in ("context_window", "bayes_interval", "max_tolerance", "max_tries", "max_draft_tokens"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("max_tries_per_prompt", "calib_prompts", "calib_max_new_tokens"):
+        for name in ("max_tries_per_prompt", "calib_prompts", "calib_max_new_tokens", "draft_vocab_size"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name}={getattr(self, name)} must be 0 or more")
         bands = self.tree_band_percent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specc.errors import UsageError
@@ -10,6 +12,7 @@ from specc.methods.swift.search import LayerSetSearch
 from specc.methods.swift.segments import SkippingForward
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_logits import token_ids
 from specc.runtime.drafter import Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig
@@ -18,11 +21,23 @@ from specc.runtime.verification import Verification
 from specc.runtime.warm_up import untaken_size
 
 
+@dataclass(frozen=True)
+class CompiledSkipSet:
+    """The `draft` graph: the target with `skip` cut out, lowered whole (one call
+    per draft step instead of one per segment), sharing the target's cache."""
+
+    model: CachedModel
+    skip: frozenset[str]
+    vocabulary: torch.Tensor | None = None   # token id of each row of a reduced head (None: the full head)
+
+
 class SwiftDrafter:
     """Drafts with the skipping target; scores candidate skip sets between rounds."""
 
-    def __init__(self, draft: CachedModel, config: SwiftConfig, search: LayerSetSearch):
+    def __init__(self, draft: CachedModel, config: SwiftConfig, search: LayerSetSearch,
+                 compiled: CompiledSkipSet | None = None):
         self.draft = draft
+        self.compiled = compiled
         self.config = config
         self.search = search
         self.skippable = search.sublayers
@@ -107,12 +122,12 @@ class SwiftDrafter:
         skip = self.search.best
         node_tokens, widths, token = [tokens[-1]], [], tokens[-1]
         for level in range(max_depth):
-            logits = self._step(token, prefix_len + level, skip)
+            logits, vocabulary = self._step(token, prefix_len + level, skip)
             confidence = float(torch.softmax(logits.float(), dim=-1).max())
             width = min(self.config.fan_width(confidence), budget.max_nodes - 1 - sum(widths), logits.numel())
             if width < 1:
                 break
-            candidates = logits.topk(width).indices.tolist()
+            candidates = token_ids(logits.topk(width).indices, vocabulary)
             node_tokens += candidates
             widths.append(width)
             token = candidates[0]
@@ -123,12 +138,16 @@ class SwiftDrafter:
         return Draft(tree=tree_tensors(TreeSpec(tuple(widths))),
                      node_tokens=torch.tensor(node_tokens, device=self.draft.device))
 
-    def _step(self, token: int, slot: int, skip: frozenset[str]) -> torch.Tensor:
-        """The skipping model's logits after `token` at `slot` (= its position)."""
+    def _step(self, token: int, slot: int, skip: frozenset[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The skipping model's logits after `token` at `slot` (= its position), and the token
+        id of each logit's row (None: the whole vocabulary): from the compiled draft graph
+        when it was cut for `skip`, else from segments."""
         at = torch.tensor([slot], device=self.draft.device)
-        outputs = self.draft.run_all(torch.tensor([token], device=self.draft.device), at, at,
-                                     causal_chunk_mask(slot, 1, self.draft.device), skip)
-        return outputs[0][0, -1]
+        inputs = (torch.tensor([token], device=self.draft.device), at, at,
+                  causal_chunk_mask(slot, 1, self.draft.device))
+        if self.compiled is not None and skip == self.compiled.skip:
+            return self.compiled.model.run_all(*inputs)[0][0, -1], self.compiled.vocabulary
+        return self.draft.run_all(*inputs, skip)[0][0, -1], None
 
     def warm_up(self) -> None:
         """Compile every segment for the drafting (q = 1) and scoring (q = window) shapes.
@@ -147,10 +166,12 @@ class SwiftDrafter:
 
 
 def build_drafter(target: CachedModel, forward: SkippingForward, config: SwiftConfig,
-                  initial: frozenset[str] | None = None) -> SwiftDrafter:
-    """The SWIFT drafter over `forward`'s segments, sharing `target`'s KV cache."""
+                  initial: frozenset[str] | None = None, compiled: CompiledSkipSet | None = None) -> SwiftDrafter:
+    """The SWIFT drafter over `forward`'s segments (and `compiled`, the stored
+    set's draft graph), sharing `target`'s KV cache."""
     draft = CachedModel(forward, target.signature, target.architecture, target.cache.max_seq_len,
                         target.cache.tensors[0].dtype, target.device, cache=target.cache)
-    return SwiftDrafter(draft, config, LayerSetSearch(forward.skippable, config.search_settings(), initial))
+    return SwiftDrafter(draft, config, LayerSetSearch(forward.skippable, config.search_settings(), initial),
+                        compiled)
 
 

@@ -1,0 +1,36 @@
+"""benchmarks/early_exit_drift.py: which approximation after an early exit costs agreement."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.bench.test_early_exit_quality import engine
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "early_exit_drift.py"
+
+
+@pytest.fixture(scope="module")
+def drift():
+    spec = importlib.util.spec_from_file_location("early_exit_drift", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_engine_that_never_exits_needs_no_repair(drift, checkpoints, tmp_path):
+    report = drift.measure(engine(checkpoints, tmp_path / "e", 0.999999), "code", 3, 12)
+    assert report["teacher_forced_agreement"] == {name: 1.0 for name in drift.VARIANTS}
+
+
+def test_an_exiting_engine_is_measured_four_ways(drift, checkpoints, tmp_path):
+    """The unrepaired row is the agreement early_exit_quality reports for the same engine."""
+    path = engine(checkpoints, tmp_path / "e", 0.001)
+    report = drift.measure(path, "code", 3, 12)
+    assert set(report["teacher_forced_agreement"]) == set(drift.VARIANTS)
+    assert all(0.0 <= a <= 1.0 for a in report["teacher_forced_agreement"].values())
+    assert report["positions"] == 3 * 11
+    quality = drift._sibling("early_exit_quality").measure(path, "code", 3, 12)
+    assert report["teacher_forced_agreement"]["engine"] == quality["teacher_forced_agreement"]
