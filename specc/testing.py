@@ -147,19 +147,27 @@ def non_matching_graph():
     return fx.GraphModule(exported.module(), exported.module().graph)
 
 
-def run_cached_steps(gm, ids, chunks: list[tuple[int, int]], arch):
-    """Run `ids` through a cached decoding graph chunk by chunk; return all logits."""
+def run_cached_steps(gm, ids, chunks: list[tuple[int, int]], arch, *extra_inputs, caches: list | None = None):
+    """Run `ids` through a cached decoding graph chunk by chunk; return all logits.
+    `extra_inputs` follow the caches; pass `caches` (filled by `empty_caches`) to inspect them after."""
     import torch
 
-    caches = [torch.zeros(1, arch.num_key_value_heads, PASS_TEST_MAX_LEN + 1, arch.head_dim)
-              for _ in range(2 * arch.num_layers)]
+    caches = empty_caches(arch) if caches is None else caches
     outputs = []
     with torch.inference_mode():
         for start, end in chunks:
             slots = torch.arange(start, end)
             mask = (torch.arange(end)[None, :] <= slots[:, None])[None, None]
-            outputs.append(gm(ids[:, start:end], slots[None], mask, slots, *caches)[0])
+            outputs.append(gm(ids[:, start:end], slots[None], mask, slots, *caches, *extra_inputs)[0])
     return torch.cat(outputs, dim=1)
+
+
+def empty_caches(arch) -> list:
+    """Zeroed K and V caches of every layer for `run_cached_steps`."""
+    import torch
+
+    return [torch.zeros(1, arch.num_key_value_heads, PASS_TEST_MAX_LEN + 1, arch.head_dim)
+            for _ in range(2 * arch.num_layers)]
 
 
 # --- losslessness helpers ---------------------------------------------------

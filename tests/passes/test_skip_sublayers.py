@@ -12,7 +12,7 @@ from specc.errors import UsageError
 from specc.methods.swift.segments import SkippingForward
 from specc.passes.insert_skip_branches import InsertSkipBranches
 from specc.passes.skip_sublayers import SkipSublayers, SkipSublayersConfig, residual_closes
-from specc.testing import FAMILIES, PASS_TEST_MAX_LEN, non_matching_graph
+from specc.testing import FAMILIES, empty_caches, non_matching_graph, run_cached_steps
 
 from tests.passes.test_insert_skip_branches import CHUNKS, IDS, cached_graph
 
@@ -22,15 +22,8 @@ SKIP = ("attn_1", "mlp_2", "attn_2")
 
 def run_steps(forward, arch, *extra):
     """Logits of IDS fed chunk by chunk, and the KV caches afterwards."""
-    caches = [torch.zeros(1, arch.num_key_value_heads, PASS_TEST_MAX_LEN + 1, arch.head_dim)
-              for _ in range(2 * arch.num_layers)]
-    outputs = []
-    with torch.inference_mode():
-        for start, end in CHUNKS:
-            slots = torch.arange(start, end)
-            mask = (torch.arange(end)[None, :] <= slots[:, None])[None, None]
-            outputs.append(forward(IDS[:, start:end], slots[None], mask, slots, *caches, *extra)[0])
-    return torch.cat(outputs, dim=1), caches
+    caches = empty_caches(arch)
+    return run_cached_steps(forward, IDS, CHUNKS, arch, *extra, caches=caches), caches
 
 
 @pytest.mark.parametrize("family", FAMILIES)
