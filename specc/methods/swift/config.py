@@ -47,8 +47,9 @@ class SwiftConfig(MethodConfig):
     draft_graph: bool = option(True, "compile: add a `draft` graph, the target with the stored skip set cut out "
                                      "(`skip_sublayers`), lowered by the engine's backend; the drafter runs it "
                                      "while it drafts with that set, and segments for any other set (run-time "
-                                     "search); false drafts with segments only. On SmolLM2 over ONNX Runtime it "
-                                     "holds the kept layers' weights a second time")
+                                     "search); false drafts with segments only. On SmolLM2 over ONNX Runtime "
+                                     "(code prompts) 0.88x none against 0.40x with segments; the graph holds "
+                                     "the kept layers' weights a second time")
     draft_vocab_size: int = option(8192, "rows of the draft graph's LM head: the most frequent tokens of the "
                                          "calibration text (verification and the segments keep the full head, "
                                          "so output is unchanged); 0, or at least the vocabulary size, keeps "
