@@ -74,18 +74,19 @@ class LoadedEngine:
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,
                      sampling: SamplingConfig = SamplingConfig(), on_tokens=None) -> GenerationResult:
-        with self._generation_scope():
+        with self.generation_scope():
             return generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
                             self.max_seq_len, on_tokens=on_tokens)
 
     def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()):
         """The decoding loop as a generator (`specc.runtime.generate.stream`: send, yield
         each round's tokens, return the result), under the backend's generation scope."""
-        with self._generation_scope():
+        with self.generation_scope():
             return (yield from stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens,
                                       sampling, self.max_seq_len))
 
-    def _generation_scope(self):
+    def generation_scope(self):
+        """The backend's thread settings while this engine generates (timing its graphs directly too)."""
         runs_segments = self.runtime.runs_segments
         if runs_segments is None:
             runs_segments = RUN_TIME_SEGMENTS in self.method.requires

@@ -9,7 +9,7 @@ from specc.methods.config import MethodConfig, option
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
-KV_POLICIES = ("propagate", "mask")
+KV_POLICIES = ("propagate", "mask", "finish")
 SCHEDULE_KEY = "schedule"
 
 
@@ -23,7 +23,10 @@ class SpecEEConfig(MethodConfig):
                                    "at the deepest exit any of its tokens needs (lossy, greedy only)")
     kv_policy: str = option("propagate", "K/V of the layers above an exit: propagate computes them from the "
                                          "exit state (only their K/V projections run, as CALM does); mask: "
-                                         "later tokens never see that token there (the reference code)")
+                                         "later tokens never see that token there (the reference code); "
+                                         "finish (mode=ar only): the token's remaining layers run as extra "
+                                         "rows beside the next token that goes deeper, so every K/V read "
+                                         "is the dense model's")
     candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
     exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
                                          "the full head's argmax at that layer is a candidate (the guard). 0: "
@@ -69,6 +72,8 @@ class SpecEEConfig(MethodConfig):
     def __post_init__(self):
         _check(self.mode in MODES, f"mode={self.mode!r} is not one of {', '.join(MODES)}")
         _check(self.kv_policy in KV_POLICIES, f"kv_policy={self.kv_policy!r} is not one of {', '.join(KV_POLICIES)}")
+        _check(self.kv_policy != "finish" or self.mode == "ar",
+               f"kv_policy=finish needs mode=ar (mode={self.mode!r} verifies or flattens exited tokens itself)")
         _check(1 <= self.candidates <= 64, f"candidates={self.candidates} must be between 1 and 64")
         _check(0.0 <= self.exit_threshold < 1.0, f"exit_threshold={self.exit_threshold} must be in [0, 1) "
                                                   f"(0 calibrates it)")

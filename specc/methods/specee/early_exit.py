@@ -15,6 +15,7 @@ from collections import deque
 
 import torch
 
+from specc.methods.specee.finish_rows import FinishingRows
 from specc.methods.specee.layerwise import LayerwiseForward, LayerwiseResult
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.kv_cache import KVCache
@@ -79,16 +80,27 @@ class EarlyExit:
         self.device = device
         # `mask` policy: which slots a layer holds no K/V for (their token exited below it).
         self.missing = torch.zeros(layerwise.num_layers, cache.max_seq_len + 1, dtype=torch.bool, device=device)
+        self.finishing = (FinishingRows(layerwise, cache.tensors, device) if layerwise.kv_policy == "finish"
+                          else None)
         self.exit_layers: list[int] = []   # every early-exit step's last layer, across sequences
         self.guard_checks = 0              # full-head evaluations after a predictor fired
 
     def reset(self) -> None:
-        """A new sequence: no slot is missing anywhere, no recent exits."""
+        """A new sequence: no slot is missing anywhere, nothing pending, no recent exits."""
         self.missing.zero_()
+        if self.finishing is not None:
+            self.finishing.reset()
         self.schedule.reset()
 
+    def finish_pending(self) -> None:
+        """`finish` policy: complete every exited token's remaining layers now (before a chunk
+        that the full model runs, which reads every layer)."""
+        if self.finishing is not None:
+            self.finishing.finish(torch.zeros(1, self.head.k, dtype=torch.long, device=self.device))
+
     def step(self, token: int, slot: int, feature: torch.Tensor, force_exit: int | None = None) -> LayerwiseResult:
-        """One token through the layers; `force_exit` (warm-up only) exits at that layer unconditionally."""
+        """One token through the layers; `force_exit` (warm-up, tests) exits at that layer unconditionally
+        (a layer without a predictor, such as the top one: never early)."""
         candidates = self.head.candidates(token, slot, feature)
         slots = torch.tensor([slot], device=self.device)
         mask = torch.ones(1, 1, 1, slot + 1, dtype=torch.bool, device=self.device)
@@ -105,8 +117,11 @@ class EarlyExit:
             logits = self.layerwise.head(hidden, inputs)
             return logits if bool((candidates == logits[0, -1].argmax()).any()) else None
 
-        masks = self._layer_masks if self.layerwise.kv_policy == "mask" else None
-        result = self.layerwise.run(inputs, decide, masks)
+        if self.finishing is not None:
+            result = self.finishing.step(token, slot, candidates, decide)
+        else:
+            masks = self._layer_masks if self.layerwise.kv_policy == "mask" else None
+            result = self.layerwise.run(inputs, decide, masks)
         self.missing[:, slot] = False
         if self.layerwise.kv_policy == "mask":
             self.missing[result.exit_layer + 1:, slot] = True
@@ -118,10 +133,13 @@ class EarlyExit:
         """Early-exit steps since the last report: each one's layers executed, and their mean."""
         executed = [layer + 1 for layer in self.exit_layers]
         guard_checks, self.exit_layers, self.guard_checks = self.guard_checks, [], 0
-        return {"early_exit_steps": len(executed), "guard_checks": guard_checks,
-                "exits": sum(layer < self.layerwise.num_layers for layer in executed), "layers_executed": executed,
-                "mean_layers_executed": round(sum(executed) / len(executed), 3) if executed else None,
-                "num_layers": self.layerwise.num_layers}
+        report = {"early_exit_steps": len(executed), "guard_checks": guard_checks,
+                  "exits": sum(layer < self.layerwise.num_layers for layer in executed), "layers_executed": executed,
+                  "mean_layers_executed": round(sum(executed) / len(executed), 3) if executed else None,
+                  "num_layers": self.layerwise.num_layers}
+        if self.finishing is not None:
+            report["finished_row_layers"], self.finishing.finished_row_layers = self.finishing.finished_row_layers, 0
+        return report
 
     def written_by_full_model(self, slots: torch.Tensor) -> None:
         """Slots a full forward just wrote at every layer."""

@@ -105,6 +105,8 @@ class EarlyExitTarget:
     def _full(self, tokens: torch.Tensor, start: int) -> Verification:
         if start == 0:
             self.early.reset()
+        else:
+            self.early.finish_pending()
         verification = self.full.prefill(tokens, start)
         self.early.written_by_full_model(verification.slots)
         features = verification.extras[FEATURE]
@@ -202,13 +204,18 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
 
 
 def _warm_up(early: EarlyExit, full: CachedModel) -> None:
-    """Compile every segment (layers, K/V-only copies, head) for one-token steps before timing
-    starts, at a cache length equal to no static size (see `specc.runtime.warm_up`)."""
+    """Compile every segment (layers, K/V-only copies, head) for one-token steps (and, under the
+    `finish` policy, for the extra rows) before timing starts, at cache lengths equal to no static
+    size (see `specc.runtime.warm_up`)."""
     taken = early.layerwise.static_sizes | set(full.cache.tensors[0].shape)
     slot = untaken_size(taken, 2) - 1
+    while slot + 2 in taken:   # `finish` steps a second token: its cache length must be untaken too
+        slot = untaken_size(taken, slot + 3) - 1
+    feature = torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype)
     with torch.inference_mode():
-        early.step(0, slot, torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype),
-                   force_exit=early.layerwise.scored_layers[0])
+        early.step(0, slot, feature, force_exit=early.layerwise.scored_layers[0])
+        if early.finishing is not None:   # the exited row finishes beside a full step: two rows above the exit
+            early.step(0, slot + 1, feature, force_exit=early.layerwise.num_layers - 1)
     early.reset()
     early.take_report()   # the warm-up step is not part of any generation
 

@@ -1,0 +1,95 @@
+"""What a forward of q rows costs against one row, per engine: the verification cost v.
+
+A speculative round pays one target forward over the draft's rows; how that
+forward's time grows with the row count decides how long a draft can pay.
+For each engine, the target graph runs a causal chunk of q rows after
+`--prefix` cached tokens, for every q in `--rows`, interleaved across
+engines and repeated; the report gives the median milliseconds and the
+ratio to q = 1 of the same engine, under each engine's generation threads.
+
+    python benchmarks/verify_cost.py ENGINE [ENGINE ...] [--graph target] [--prefix 300]
+        [--rows 1,2,4,8,12] [--repeats 15] [--output FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engines", type=Path, nargs="+")
+    parser.add_argument("--graph", default="target", help="which graph of each engine to time")
+    parser.add_argument("--prefix", type=int, default=300, help="cached tokens before the rows")
+    parser.add_argument("--rows", default="1,2,4,8,12", help="comma-separated row counts q")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    rows = sorted({int(q) for q in args.rows.split(",")} | {1})
+    report = measure(args.engines, args.graph, args.prefix, rows, args.repeats)
+    print(format_table(report))
+    if args.output:
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def measure(engine_dirs: list[Path], graph: str, prefix: int, rows: list[int], repeats: int) -> dict:
+    from specc.engine.loaded import load_engine
+    from specc.errors import UsageError
+
+    engines = [load_engine(path) for path in engine_dirs]
+    models = []
+    for path, engine in zip(engine_dirs, engines):
+        if graph not in engine.context.graphs:
+            raise UsageError(f"{path} has no graph {graph!r} (it has {', '.join(sorted(engine.context.graphs))})")
+        if prefix + max(rows) > engine.max_seq_len:
+            raise UsageError(f"--prefix {prefix} plus {max(rows)} rows exceeds {path}'s max_seq_len "
+                             f"{engine.max_seq_len}")
+        models.append(engine.context.model(graph))
+    generator = torch.Generator().manual_seed(0)
+    vocab = min(m.architecture.vocab_size for m in models)
+    context = torch.randint(vocab, (prefix + max(rows),), generator=generator)
+    times = {(e, q): [] for e in range(len(engines)) for q in rows}
+    with torch.inference_mode():
+        for model, engine in zip(models, engines):
+            with engine.generation_scope():
+                model.prefill(context[:prefix], 0)
+                for q in rows:   # warm every shape once
+                    model.prefill(context[prefix:prefix + q], prefix)
+        for _ in range(repeats):
+            for e, (model, engine) in enumerate(zip(models, engines)):
+                with engine.generation_scope():
+                    for q in rows:
+                        start = time.perf_counter()
+                        model.prefill(context[prefix:prefix + q], prefix)
+                        times[e, q].append(time.perf_counter() - start)
+    results = []
+    for e, path in enumerate(engine_dirs):
+        one = statistics.median(times[e, 1])
+        results.append({"engine": str(path), "backend": engines[e].manifest["backend"],
+                        "method": engines[e].manifest["method"],
+                        "rows": {str(q): {"ms": round(1000 * statistics.median(times[e, q]), 2),
+                                          "ratio": round(statistics.median(times[e, q]) / one, 3)}
+                                 for q in rows}})
+    return {"graph": graph, "prefix": prefix, "repeats": repeats, "threads": torch.get_num_threads(),
+            "engines": results}
+
+
+def format_table(report: dict) -> str:
+    rows = list(report["engines"][0]["rows"])
+    head = "| engine | backend | " + " | ".join(f"q={q}" for q in rows) + " |"
+    lines = [head, "|" + "---|" * (2 + len(rows))]
+    for entry in report["engines"]:
+        cells = [f"{entry['rows'][q]['ms']} ms ({entry['rows'][q]['ratio']}×)" for q in rows]
+        lines.append(f"| `{entry['engine']}` | {entry['backend']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
