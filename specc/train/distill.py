@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from specc.train.heap import releasing
+
 
 @dataclass(frozen=True)
 class DistillConfig:
@@ -122,7 +124,7 @@ def cache_teacher(teacher: Teacher, examples: list[torch.Tensor], description: s
     """Run the frozen teacher once per distinct example and serve its outputs
     from memory afterwards (the teacher is most of the cost of a step)."""
     cached = {}
-    for example in tqdm(examples, desc=description, unit="window", dynamic_ncols=True):
+    for example in releasing(tqdm(examples, desc=description, unit="window", dynamic_ncols=True)):
         if id(example) not in cached:
             with torch.no_grad():
                 cached[id(example)] = teacher(example)

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from specc.testing import build_tiny_checkpoint
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_backends.py"
+from tests.bench.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def compare_backends():
-    spec = importlib.util.spec_from_file_location("compare_backends", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare_backends")
 
 
 def test_compares_backends_in_one_run(compare_backends, tmp_path, capsys):

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from tests.bench.scripts import load_benchmark
 from tests.bench.test_early_exit_quality import engine
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "early_exit_drift.py"
 
 
 @pytest.fixture(scope="module")
 def drift():
-    spec = importlib.util.spec_from_file_location("early_exit_drift", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("early_exit_drift")
 
 
 def test_an_engine_that_never_exits_needs_no_repair(drift, checkpoints, tmp_path):

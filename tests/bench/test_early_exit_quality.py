@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from specc.compiler import CompileRequest, compile_engine
+from tests.bench.scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "early_exit_quality.py"
 TRAIN = ["train_steps=10", "train_windows=4", "predictor_windows=2", "eval_sequences=2", "predictor_epochs=2",
          "train_seq_len=32", "mode=ar", "offline_layers=4"]
 
 
 @pytest.fixture(scope="module")
 def quality():
-    spec = importlib.util.spec_from_file_location("early_exit_quality", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("early_exit_quality")
 
 
 def engine(checkpoints, directory: Path, threshold: float) -> Path:

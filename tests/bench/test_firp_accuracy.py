@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.testing import sample_calibration_text
+from tests.bench.scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "firp_accuracy.py"
 TRAIN = ["train_steps=6", "train_seq_len=24", "train_windows=4", "eval_sequences=2", "eval_every=6"]
 
 
 @pytest.fixture(scope="module")
 def accuracy():
-    spec = importlib.util.spec_from_file_location("firp_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("firp_accuracy")
 
 
 @pytest.fixture(scope="module")

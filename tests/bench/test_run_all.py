@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from specc.testing import build_tiny_checkpoint
-
-RUN_ALL = Path(__file__).resolve().parents[2] / "benchmarks" / "run_all.py"
+from tests.bench.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def run_all():
-    spec = importlib.util.spec_from_file_location("run_all", RUN_ALL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run_all")
 
 
 def _bench(identical=3, flag=False):

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from specc.compiler import CompileRequest, compile_engine
 from specc.testing import build_tiny_checkpoint
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "swift_matchness.py"
+from tests.bench.scripts import load_benchmark
 
 
 def test_initial_and_stored_sets_are_scored_on_held_out_prompts(tmp_path):
-    spec = importlib.util.spec_from_file_location("swift_matchness", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("swift_matchness")
     checkpoint = build_tiny_checkpoint("llama", tmp_path / "target", num_hidden_layers=4)
     compile_engine(CompileRequest(model=str(checkpoint), method="swift", output=tmp_path / "engine",
                                   max_seq_len=96, settings=["calib_prompts=0", "context_window=8",

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.errors import UsageError
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "verify_cost.py"
+from tests.bench.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def verify_cost():
-    spec = importlib.util.spec_from_file_location("verify_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("verify_cost")
 
 
 @pytest.fixture(scope="module")

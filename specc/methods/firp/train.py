@@ -41,6 +41,7 @@ from specc.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, distill, sparse_target
+from specc.train.heap import releasing
 from specc.train.inputs import decoding_inputs
 
 MODULE = "firp_proj"
@@ -78,9 +79,9 @@ def train_projections(program: SpeculativeProgram, config, tokenizer) -> TrainRe
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
     teacher = _Teacher(target, arch, layers, config.teacher_top_k)
-    train = [teacher(w) for w in tqdm(windows.train, desc="firp: running the target once per window",
-                                      unit="window", dynamic_ncols=True)]
-    heldout = [teacher(w) for w in windows.heldout]
+    train = [teacher(w) for w in releasing(tqdm(windows.train, desc="firp: running the target once per window",
+                                                unit="window", dynamic_ncols=True))]
+    heldout = [teacher(w) for w in releasing(windows.heldout)]
     teacher_seconds = time.perf_counter() - start
     reports, before, after = [], [], []
     for i, t in enumerate(layers, start=1):

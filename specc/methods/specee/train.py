@@ -35,6 +35,7 @@ from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
 from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
+from specc.train.heap import releasing
 
 HEAD_MODULE = DraftHeadConfig().module_name
 CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.993,
@@ -161,7 +162,7 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
     """Per-layer samples at every position of `windows`, or only where `scored` (per window,
     bool [T]) marks one: predictors and the threshold then fit the replies, not the prompts."""
     samples = _Samples(layerwise.scored_layers)
-    for index, tokens in enumerate(tqdm(windows, desc=description, unit="window", dynamic_ncols=True)):
+    for index, tokens in enumerate(releasing(tqdm(windows, desc=description, unit="window", dynamic_ncols=True))):
         keep = slice(None) if scored is None else scored[index]
         with torch.no_grad():
             _, (_, features, final) = teacher(tokens)
