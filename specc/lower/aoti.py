@@ -18,6 +18,17 @@ Inductor's C++ GEMM template, at the example shape (a few query rows). On
 SmolLM2 the template won every one (the LM head 3.7 ms against oneDNN's
 9.4 ms, cache-hot), and a one-token step with 300 cached tokens took
 22-26 ms against 34 ms with oneDNN alone; packaging took 162 s in all.
+
+A kernel tuned at a few rows is slow for many: with the example at 3 query
+rows, a 9-row forward of SmolLM2 took 3.0x a one-row step (ONNX Runtime:
+1.6x), so verifying a 9-node tree cost three plain steps. Each graph is
+therefore packaged twice: tuned at `NARROW_ROWS` query rows (decode steps and
+short chains) and at `WIDE_ROWS` (trees, prompt chunks), and a call with more
+than `NARROW_MAX_ROWS` rows runs the wide package. Measured on SmolLM2 (one
+thread, 300 cached tokens; `benchmarks/verify_cost.py`): rows 1, 4, 6, 9, 12
+took 22.9, 29.3, 49.5, 69.3, 87.2 ms tuned narrow and 36.4, 33.7, 37.0, 49.4,
+55.5 ms tuned wide. The price: twice the packaging time, and the weights are
+frozen into both packages (twice the memory and disk).
 """
 
 from __future__ import annotations
@@ -39,18 +50,10 @@ class AOTInductorBackend(Backend):
     ahead_of_time = True
 
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
-        example = example_inputs(target.signature, target.sizes, target.dtype)
-        dynamic = dynamic_dims(target.signature, target.max_seq_len)
-        file_name = f"{target.name}.pt2"
-        try:
-            with torch.no_grad(), torch._inductor.config.patch(packaging_config(target)):
-                exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
-                                               strict=False)
-                torch._inductor.aoti_compile_and_package(exported, package_path=str(artifacts / file_name))
-        except Exception as exc:
-            raise SpeccError(f"AOTInductor packaging of graph {target.name!r} failed: "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-        return [file_name]
+        files = [_package(target, artifacts / f"{target.name}.pt2", NARROW_ROWS)]
+        if _query_axis(target) is not None:
+            files.append(_package(target, artifacts / f"{target.name}{WIDE_SUFFIX}", WIDE_ROWS))
+        return files
 
     def load(self, target: LoweringTarget, artifacts: Path, manifest: dict):
         package = artifacts / f"{target.name}.pt2"
@@ -61,10 +64,53 @@ class AOTInductorBackend(Backend):
         if built_with != torch.__version__:
             raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
                              f"{torch.__version__}; recompile the engine")
-        return torch._inductor.aoti_load_package(str(package))
+        narrow = torch._inductor.aoti_load_package(str(package))
+        wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
+        if axis is None or not wide.is_file():   # engines packaged before the wide variant existed
+            return narrow
+        return RowDispatch(narrow, torch._inductor.aoti_load_package(str(wide)), *axis)
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)
+
+
+NARROW_ROWS, WIDE_ROWS = 3, 12   # query rows of the example each package is tuned at
+NARROW_MAX_ROWS = 4               # calls with more rows run the wide package
+WIDE_SUFFIX = ".wide.pt2"
+
+
+class RowDispatch:
+    """Calls the narrow package up to `NARROW_MAX_ROWS` query rows, the wide one above."""
+
+    def __init__(self, narrow, wide, input_index: int, axis: int):
+        self.narrow, self.wide = narrow, wide
+        self.input_index, self.axis = input_index, axis
+
+    def __call__(self, *args):
+        rows = args[self.input_index].shape[self.axis]
+        return (self.narrow if rows <= NARROW_MAX_ROWS else self.wide)(*args)
+
+
+def _query_axis(target: LoweringTarget) -> tuple[int, int] | None:
+    """(input index, axis) of the first input with a `q` axis; None: the graph has none."""
+    for index, spec in enumerate(target.signature.inputs):
+        if "q" in spec.shape:
+            return index, list(spec.shape).index("q")
+    return None
+
+
+def _package(target: LoweringTarget, path: Path, rows: int) -> str:
+    example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2)
+    dynamic = dynamic_dims(target.signature, target.max_seq_len)
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(packaging_config(target)):
+            exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
+                                           strict=False)
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
+    except Exception as exc:
+        raise SpeccError(f"AOTInductor packaging of graph {target.name!r} ({rows}-row example) failed: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    return path.name
 
 
 def packaging_config(target: LoweringTarget) -> dict:

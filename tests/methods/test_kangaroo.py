@@ -142,7 +142,8 @@ def test_inductor_matches_hf_greedy(engines, one_thread, family):
 @pytest.mark.slow
 def test_aoti_packages_every_graph_and_matches_hf_greedy(engines, one_thread):
     engine, target = engines("llama", "aoti")
-    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["adapter.pt2", "deep.pt2", "shallow.pt2"]
+    packages = sorted(p.name for p in (engine.path / "compiled").iterdir())
+    assert packages == [f"{graph}{suffix}" for graph in ("adapter", "deep", "shallow") for suffix in (".pt2", ".wide.pt2")]
     results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
     assert sum(r.stats.accepted_tokens for r in results) > 0
 

@@ -82,7 +82,7 @@ def test_inductor_matches_hf_greedy(engines):
 @pytest.mark.slow
 def test_aoti_packages_both_graphs_and_matches_hf_greedy(engines):
     engine, target = engines("llama", "aoti")
-    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["draft.pt2", "target.pt2"]
+    assert sorted(p.name for p in (engine.path / "compiled").iterdir()) == ["draft.pt2", "draft.wide.pt2", "target.pt2", "target.wide.pt2"]
     results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
     assert sum(r.stats.accepted_tokens for r in results) > 0
 

@@ -1,0 +1,41 @@
+"""AOTInductor packages each graph twice, tuned for few and for many query rows, and a call
+runs the package for its row count; both give the same tokens as Hugging Face greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.compiler import CompileRequest, compile_engine
+from specc.engine.loaded import load_engine
+from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch
+from specc.testing import assert_matches_hf_greedy, varied_prompts
+
+
+def test_calls_with_many_rows_run_the_wide_package():
+    calls = []
+    dispatch = RowDispatch(lambda *a: calls.append("narrow"), lambda *a: calls.append("wide"), 1, 1)
+    for rows in (1, NARROW_MAX_ROWS, NARROW_MAX_ROWS + 1, 40):
+        dispatch(torch.zeros(7), torch.zeros(1, rows))
+    assert calls == ["narrow", "narrow", "wide", "wide"]
+
+
+@pytest.mark.slow
+def test_both_packages_are_built_and_generate_like_hf_greedy(checkpoints, tmp_path, one_thread):
+    target = checkpoints("llama")[0]
+    compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "e", backend="aoti",
+                                  max_seq_len=96))
+    assert sorted(p.name for p in (tmp_path / "e" / "compiled").iterdir()) == ["target.pt2", "target.wide.pt2"]
+    engine = load_engine(tmp_path / "e")
+    forward = engine.context.graphs["target"]
+    assert isinstance(forward, RowDispatch)
+    rows = []
+    narrow, wide = forward.narrow, forward.wide
+    forward.narrow = lambda *a: rows.append("narrow") or narrow(*a)
+    forward.wide = lambda *a: rows.append("wide") or wide(*a)
+    prompts = [p for p in varied_prompts(16, 96, seed=2) if len(p) > NARROW_MAX_ROWS][:4]
+    assert len(prompts) == 4
+    results = assert_matches_hf_greedy(lambda ids: engine.generate_ids(ids, 12), target, prompts, 12)
+    # Each prompt is one wide call; each later token one narrow step.
+    assert rows.count("wide") == len(prompts)
+    assert rows.count("narrow") == sum(len(r.token_ids) - 1 for r in results) > 0
