@@ -123,7 +123,7 @@ def test_ar_mode_without_exits_is_the_target(programs, one_thread):
     assert set(target.early.exit_layers) == {target.early.layerwise.num_layers - 1}
 
 
-@pytest.mark.parametrize("kv_policy", ["propagate", "mask"])
+@pytest.mark.parametrize("kv_policy", ["propagate", "mask", "finish"])
 def test_ar_mode_exits_early_and_emits_the_exit_layers_token(programs, one_thread, kv_policy):
     checkpoint, program, state = programs("llama")
     target, _, _ = runtime(program, state, mode="ar", kv_policy=kv_policy)

@@ -97,6 +97,13 @@ def test_a_new_sequence_drops_rows_left_pending(deep, one_thread):
     assert not target.early.finishing.pending
 
 
+def test_auto_is_finish_in_ar_mode_and_propagate_elsewhere():
+    assert SpecEEConfig(mode="ar").resolved_kv_policy == "finish"
+    assert SpecEEConfig(mode="lossless").resolved_kv_policy == "propagate"
+    assert SpecEEConfig(mode="tree").resolved_kv_policy == "propagate"
+    assert SpecEEConfig(mode="ar", kv_policy="mask").resolved_kv_policy == "mask"
+
+
 def test_finish_is_for_ar_mode_only():
     with pytest.raises(UsageError, match="kv_policy=finish needs mode=ar"):
         SpecEEConfig(mode="lossless", kv_policy="finish")

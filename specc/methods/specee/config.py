@@ -9,7 +9,7 @@ from specc.methods.config import MethodConfig, option
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
-KV_POLICIES = ("propagate", "mask", "finish")
+KV_POLICIES = ("auto", "propagate", "mask", "finish")
 SCHEDULE_KEY = "schedule"
 
 
@@ -21,12 +21,13 @@ class SpecEEConfig(MethodConfig):
                                    "paper's tree mode, the draft head proposes a token tree whose paths "
                                    "(hyper-tokens) are verified in one layer-stepped forward, each path leaving "
                                    "at the deepest exit any of its tokens needs (lossy, greedy only)")
-    kv_policy: str = option("propagate", "K/V of the layers above an exit: propagate computes them from the "
-                                         "exit state (only their K/V projections run, as CALM does); mask: "
-                                         "later tokens never see that token there (the reference code); "
-                                         "finish (mode=ar only): the token's remaining layers run as extra "
-                                         "rows beside the next token that goes deeper, so every K/V read "
-                                         "is the dense model's")
+    kv_policy: str = option("auto", "K/V of the layers above an exit: auto is finish in mode=ar, propagate "
+                                    "otherwise; propagate computes them from the exit state (only their K/V "
+                                    "projections run, as CALM does); mask: later tokens never see that token "
+                                    "there (the reference code); finish (mode=ar only): the token's remaining "
+                                    "layers run as extra rows beside the next token that goes deeper, so every "
+                                    "K/V read is the dense model's (SmolLM2, 32 Spec-Bench prompts: teacher-"
+                                    "forced agreement 0.984 against propagate's 0.970 at equal speed)")
     candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
     exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
                                          "the full head's argmax at that layer is a candidate (the guard). 0: "
@@ -68,6 +69,12 @@ class SpecEEConfig(MethodConfig):
     calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; default: "
                                           "Python stdlib source plus ../shared/data text if present")
     seed: int = option(0, "seed for data order and initialisation; training is deterministic for a seed")
+
+    @property
+    def resolved_kv_policy(self) -> str:
+        if self.kv_policy != "auto":
+            return self.kv_policy
+        return "finish" if self.mode == "ar" else "propagate"
 
     def __post_init__(self):
         _check(self.mode in MODES, f"mode={self.mode!r} is not one of {', '.join(MODES)}")
