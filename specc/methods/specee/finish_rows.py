@@ -32,6 +32,16 @@ class PendingRow:
 Decide = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
+@dataclass
+class _Forward:
+    """One layer-stepped forward: its rows so far (slot order), the pending rows yet to join."""
+    active: list[PendingRow]
+    waiting: list[PendingRow]
+    hidden: torch.Tensor | None = None   # [1, rows, hidden] entering the next layer
+    env: dict | None = None
+    inputs: tuple | None = None
+
+
 class FinishingRows:
     """Steps tokens through a layer-wise target, finishing earlier exits' layers beside them."""
 
@@ -47,42 +57,40 @@ class FinishingRows:
 
     def step(self, token: int, slot: int, candidates: torch.Tensor, decide: Decide) -> LayerwiseResult:
         """One token at `slot` ([1, K] `candidates`); `decide(layer, score, hidden)` sees its row only."""
-        current = PendingRow(slot, token, None, 0)
         top = self.layerwise.num_layers - 1
-        active, waiting, hidden = [current], sorted(self.pending, key=lambda r: r.slot), None
-        env, inputs = self._begin(active, candidates)
+        run = _Forward([PendingRow(slot, token, None, 0)], sorted(self.pending, key=lambda r: r.slot))
+        run.env, run.inputs = self._begin(run.active, candidates)
         for layer in range(top + 1):
-            joining = [r for r in waiting if r.resume == layer]
-            if joining:
-                waiting = [r for r in waiting if r.resume != layer]
-                active, hidden = _join(active, hidden, joining)
-                env, inputs = self._begin(active, candidates)
-            hidden, score = self.layerwise.layer(env, layer, hidden)
-            self.finished_row_layers += len(active) - 1
+            self._admit(run, layer, candidates)
+            run.hidden, score = self.layerwise.layer(run.env, layer, run.hidden)
+            self.finished_row_layers += len(run.active) - 1
             if layer == top or score is None:
                 continue
-            logits = decide(layer, score[:, -1:], hidden[:, -1:])
+            logits = decide(layer, score[:, -1:], run.hidden[:, -1:])
             if logits is not None:
-                self.pending = waiting + [PendingRow(r.slot, r.token, hidden[0, k], layer + 1)
-                                          for k, r in enumerate(active)]
-                return LayerwiseResult(logits, layer, hidden[:, -1:])
+                self.pending = run.waiting + [PendingRow(r.slot, r.token, run.hidden[0, k], layer + 1)
+                                              for k, r in enumerate(run.active)]
+                return LayerwiseResult(logits, layer, run.hidden[:, -1:])
         self.pending = []
-        return LayerwiseResult(self.layerwise.head(hidden[:, -1:], inputs), top, hidden[:, -1:])
+        return LayerwiseResult(self.layerwise.head(run.hidden[:, -1:], run.inputs), top, run.hidden[:, -1:])
 
     def finish(self, candidates: torch.Tensor) -> None:
         """Run every pending row through its remaining layers now (before a full-model chunk)."""
         if not self.pending:
             return
-        waiting = sorted(self.pending, key=lambda r: r.slot)
-        active, hidden, env = [], None, None
-        for layer in range(min(r.resume for r in waiting), self.layerwise.num_layers):
-            joining = [r for r in waiting if r.resume == layer]
-            if joining:
-                waiting = [r for r in waiting if r.resume != layer]
-                active, hidden = _join(active, hidden, joining)
-                env, _ = self._begin(active, candidates)
-            hidden, _ = self.layerwise.layer(env, layer, hidden)
+        run = _Forward([], sorted(self.pending, key=lambda r: r.slot))
+        for layer in range(min(r.resume for r in run.waiting), self.layerwise.num_layers):
+            self._admit(run, layer, candidates)
+            run.hidden, _ = self.layerwise.layer(run.env, layer, run.hidden)
         self.pending = []
+
+    def _admit(self, run: _Forward, layer: int, candidates: torch.Tensor) -> None:
+        """Pending rows whose first missing layer is `layer` join the forward there."""
+        joining = [r for r in run.waiting if r.resume == layer]
+        if joining:
+            run.waiting = [r for r in run.waiting if r.resume != layer]
+            run.active, run.hidden = _join(run.active, run.hidden, joining)
+            run.env, run.inputs = self._begin(run.active, candidates)
 
     def _begin(self, rows: list[PendingRow], candidates: torch.Tensor) -> tuple[dict, tuple]:
         """The prologue on `rows` (in slot order): each attends to every slot up to its own."""
