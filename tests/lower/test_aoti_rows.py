@@ -8,7 +8,7 @@ import torch
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch
+from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch, SingleRowPadding
 from specc.testing import assert_matches_hf_greedy, varied_prompts
 
 
@@ -39,3 +39,20 @@ def test_both_packages_are_built_and_generate_like_hf_greedy(checkpoints, tmp_pa
     # Each prompt is one wide call; each later token one narrow step.
     assert rows.count("wide") == len(prompts)
     assert rows.count("narrow") == sum(len(r.token_ids) - 1 for r in results) > 0
+
+
+def test_single_rows_can_run_as_two_identical_rows():
+    """bfloat16 packages: inputs with a q axis are doubled along it, outputs cut back to one row."""
+    seen = []
+
+    def forward(tokens, mask, cache):
+        seen.append((tuple(tokens.shape), tuple(mask.shape), tuple(cache.shape)))
+        return [tokens.float() * 2, cache.sum()[None]]
+
+    padding = SingleRowPadding(inputs=((0, 1), (1, 2)), outputs=((0, 1),))
+    dispatch = RowDispatch(forward, None, 0, 1, padding)
+    logits, total = dispatch(torch.tensor([[7]]), torch.ones(1, 1, 1, 5, dtype=torch.bool), torch.ones(3, 4))
+    assert seen == [((1, 2), (1, 1, 2, 5), (3, 4))]
+    assert logits.tolist() == [[14.0]] and float(total) == 12.0
+    dispatch(torch.tensor([[7, 8]]), torch.ones(1, 1, 2, 5, dtype=torch.bool), torch.ones(3, 4))
+    assert seen[-1][0] == (1, 2)   # two rows run as they are
