@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="eager", help="engine backend for every method (default eager)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="weight and cache dtype of every engine (default float32); other than float32, "
+                             "losslessness is judged against specc's own none engine of that dtype")
     parser.add_argument("--draft", type=Path,
                         help="draft checkpoint for the methods that need one (default: the tiny reference model "
                              "for reference targets, none for fetchable ones)")
@@ -96,8 +99,8 @@ def run_suite(args: argparse.Namespace) -> int:
     from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
 
     target, draft = source_models(args.model_spec, args.draft)
-    engines = ENGINES / (args.engines_from or variant_name(args.model_spec, args.backend, args.tag))
-    build = compile_method if not args.engines_from else reuse_compiled(args.backend)
+    engines = ENGINES / (args.engines_from or variant_name(args.model_spec, args.backend, args.tag, args.dtype))
+    build = compile_method if not args.engines_from else reuse_compiled(args.backend, args.dtype)
     max_seq_len = _max_seq_len(target)
     methods = selected_methods(args.methods)
     unknown = set(args.method_settings) - {m.name for m in methods}
@@ -105,7 +108,7 @@ def run_suite(args: argparse.Namespace) -> int:
         print(f"run_all: error: --set names {', '.join(sorted(unknown))}, not among the methods run",
               file=sys.stderr)
         return 2
-    baseline = build("none", target, None, engines, args.backend, max_seq_len)
+    baseline = build("none", target, None, engines, args.backend, max_seq_len, (), args.dtype)
     results = {}
     for method in methods:
         print(f"\n### {method.name}", file=sys.stderr)
@@ -116,7 +119,7 @@ def run_suite(args: argparse.Namespace) -> int:
         "draft_spec": None if draft is None else str(args.draft) if args.draft else DRAFT_SPEC,
         "settings": {"prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "backend": args.backend,
-                     "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
+                     "dtype": args.dtype, "quick": args.quick, "tag": args.tag, "method_settings": args.method_settings,
                      "methods": args.methods, "draft": None if args.draft is None else str(args.draft),
                      "engines_from": args.engines_from},
         "machine": machine_info(), "versions": versions(), "methods": results,
@@ -146,14 +149,17 @@ def source_models(model_spec: str, draft: Path | None = None) -> tuple[Path, Pat
     return target, build_reference_model(DRAFT_SPEC)
 
 
-def variant_name(model_spec: str, backend: str, tag: str | None) -> str:
-    """<model>[-<backend>][-<tag>], eager left implicit: names both the results and the engines."""
-    return "-".join(filter(None, [model_spec, None if backend == "eager" else backend, tag]))
+def variant_name(model_spec: str, backend: str, tag: str | None, dtype: str = "float32") -> str:
+    """<model>[-<backend>][-<dtype>][-<tag>], eager and float32 left implicit: names both the results
+    and the engines."""
+    return "-".join(filter(None, [model_spec, None if backend == "eager" else backend,
+                                  None if dtype == "float32" else dtype, tag]))
 
 
 def results_stem(suite: dict) -> str:
     settings = suite["settings"]
-    return f"{suite['device']}-{variant_name(suite['model_spec'], settings['backend'], settings.get('tag'))}"
+    return (f"{suite['device']}-"
+            f"{variant_name(suite['model_spec'], settings['backend'], settings.get('tag'), _dtype(settings))}")
 
 
 def readme_section(results_dir: Path) -> str:
@@ -198,7 +204,8 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     try:
         engine = (baseline if method.name == "none" else
                   (build or compile_method)(method.name, target, draft if method.extra_sources else None, engines,
-                                 args.backend, max_seq_len, args.method_settings.get(method.name, [])))
+                                 args.backend, max_seq_len, args.method_settings.get(method.name, []),
+                                 args.dtype))
         doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                      repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
     except Exception as exc:  # one broken method must not hide the others' results; it is reported loudly
@@ -213,7 +220,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
 
 
 def compile_method(name: str, target: Path, draft: Path | None, engines: Path, backend: str,
-                   max_seq_len: int, settings: list[str] = ()) -> Path:
+                   max_seq_len: int, settings: list[str] = (), dtype: str = "float32") -> Path:
     from specc.compiler import CompileRequest, compile_engine
     from specc.methods.descriptor import get_method
 
@@ -221,29 +228,33 @@ def compile_method(name: str, target: Path, draft: Path | None, engines: Path, b
         settings = [*settings, *(f"{s.config_field}={draft}" for s in get_method(name).extra_sources)]
     output = engines / name
     output.parent.mkdir(parents=True, exist_ok=True)
-    print(f"compiling {name} ({backend}) into {output}", file=sys.stderr)
-    compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend,
+    print(f"compiling {name} ({backend}, {dtype}) into {output}", file=sys.stderr)
+    compile_engine(CompileRequest(model=str(target), method=name, output=output, backend=backend, dtype=dtype,
                                   max_seq_len=max_seq_len, force=True, settings=list(settings)))
     return output
 
 
-def reuse_compiled(backend: str):
+def reuse_compiled(backend: str, dtype: str = "float32"):
     """A stand-in for `compile_method` that returns the engine an earlier suite compiled."""
     def reuse(name: str, target, draft, engines: Path, *settings) -> Path:
-        return compiled_engine(engines, name, backend)
+        return compiled_engine(engines, name, backend, dtype)
     return reuse
 
 
-def compiled_engine(engines: Path, name: str, backend: str) -> Path:
-    """An engine an earlier suite compiled, checked to be there and built for `backend`."""
+def compiled_engine(engines: Path, name: str, backend: str, dtype: str = "float32") -> Path:
+    """An engine an earlier suite compiled, checked to be there and built for `backend` in `dtype`."""
     from specc.errors import UsageError
 
     manifest = engines / name / "manifest.json"
     if not manifest.is_file():
         raise UsageError(f"--engines-from: no {name} engine in {engines} (run that suite first)")
-    built_for = json.loads(manifest.read_text()).get("backend")
+    recorded = json.loads(manifest.read_text())
+    built_for, built_dtype = recorded.get("backend"), recorded.get("dtype", "float32")
     if built_for != backend:
         raise UsageError(f"--engines-from: {engines / name} was built for {built_for}, not {backend}")
+    if built_dtype != dtype:
+        raise UsageError(f"--engines-from: {engines / name} holds {built_dtype} weights, not {dtype} "
+                         f"(pass --dtype {built_dtype})")
     print(f"reusing {engines / name}", file=sys.stderr)
     return engines / name
 
@@ -267,6 +278,11 @@ def _max_seq_len(checkpoint: Path) -> int:
     return min(1024, AutoConfig.from_pretrained(checkpoint).max_position_embeddings)
 
 
+def _dtype(settings: dict) -> str:
+    """The engines' dtype; suites recorded before --dtype existed were float32."""
+    return settings.get("dtype", "float32")
+
+
 def _workload_flags(settings: dict) -> str:
     """The prompt flags that differ from the defaults, so the command reproduces the run."""
     if settings.get("quick"):
@@ -281,13 +297,15 @@ def markdown_table(suite: dict) -> str:
     tag, changed = settings.get("tag"), settings.get("method_settings") or {}
     changes = "; ".join(f"{m}: {', '.join(fields)}" for m, fields in changed.items())
     variant = "" if not tag else f", variant `{tag}`" + (f" ({changes})" if changes else "")
+    dtype = "" if _dtype(settings) == "float32" else f", {_dtype(settings)}"
     lines = [
-        f"**{suite['model_spec']}, {settings['backend']}, {suite['device']}{variant}.** "
-        f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}; "
+        f"**{suite['model_spec']}, {settings['backend']}{dtype}, {suite['device']}{variant}.** "
+        f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}{dtype}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
         f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
+        + ("" if _dtype(settings) == "float32" else f" --dtype {_dtype(settings)}")
         + (f" --methods {settings['methods']}" if settings.get("methods") else "")
         + (f" --draft {settings['draft']}" if settings.get("draft") else "")
         + (f" --engines-from {settings['engines_from']}" if settings.get("engines_from") else "")

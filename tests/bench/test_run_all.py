@@ -146,3 +146,25 @@ def test_engines_from_refuses_settings_it_could_not_apply(run_all):
     suite = _suite()
     suite["settings"].update(quick=False, engines_from=args.engines_from)
     assert "--engines-from smollm2-135m-onnx-code" in run_all.markdown_table(suite)
+
+
+def test_a_reduced_precision_suite_is_named_and_reproducible(run_all):
+    args = run_all.parse_args(["--backend", "aoti", "--dtype", "bfloat16", "--tag", "code"])
+    assert run_all.variant_name("smollm2-135m", args.backend, args.tag, args.dtype) == "smollm2-135m-aoti-bfloat16-code"
+    suite = _suite()
+    suite["settings"].update(quick=False, backend="aoti", dtype="bfloat16", tag="code")
+    assert run_all.results_stem(suite) == "cpu-test-tiny-aoti-bfloat16-code"
+    table = run_all.markdown_table(suite)
+    assert "**tiny, aoti, bfloat16, cpu-test, variant `code`.**" in table
+    assert "--backend aoti --dtype bfloat16 --tag code" in table
+    assert "bfloat16" not in run_all.markdown_table(_suite()), "float32, the default, goes unsaid"
+
+
+def test_engines_from_checks_the_engines_dtype(run_all, tmp_path):
+    from specc.errors import UsageError
+
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "manifest.json").write_text(json.dumps({"backend": "aoti", "dtype": "bfloat16"}))
+    assert run_all.reuse_compiled("aoti", "bfloat16")("none", None, None, tmp_path) == tmp_path / "none"
+    with pytest.raises(UsageError, match="holds bfloat16 weights, not float32"):
+        run_all.reuse_compiled("aoti")("none", None, None, tmp_path)
