@@ -48,6 +48,8 @@ class LoadedEngine:
             lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily)
         self.runtime = self.method.build_runtime(self.context, self.config)
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
+        # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
+        self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None
         self._tokenizer = None
 
     @property
@@ -76,14 +78,14 @@ class LoadedEngine:
                      sampling: SamplingConfig = SamplingConfig(), on_tokens=None) -> GenerationResult:
         with self.generation_scope():
             return generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
-                            self.max_seq_len, on_tokens=on_tokens)
+                            self.max_seq_len, on_tokens=on_tokens, max_rows=self.max_draft_rows)
 
     def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()):
         """The decoding loop as a generator (`specc.runtime.generate.stream`: send, yield
         each round's tokens, return the result), under the backend's generation scope."""
         with self.generation_scope():
             return (yield from stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens,
-                                      sampling, self.max_seq_len))
+                                      sampling, self.max_seq_len, self.max_draft_rows))
 
     def generation_scope(self):
         """The backend's thread settings while this engine generates (timing its graphs directly too)."""

@@ -63,6 +63,12 @@ class Backend:
         segments (`lower_segment`), real compute for torch."""
         return contextlib.nullcontext()
 
+    def exact_rows(self, dtype: torch.dtype) -> int | None:
+        """The most query rows a call may have while every row still computes exactly
+        what a one-row call computes (same kernels, same summation order), or None
+        when no cap is needed. Lossless engines cap their drafts at this many nodes."""
+        return None
+
     def lower_segment(self, segment: fx.GraphModule) -> Callable:
         """A callable for one segment (submodule) of a graph, built when the engine loads."""
         return segment

@@ -19,7 +19,7 @@ from specc.errors import SpeccError
 from specc.graph.signature import GraphSignature
 from specc.runtime.drafter import Draft
 from specc.runtime.kv_cache import KVCache
-from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, tree_mask
+from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, tree_mask
 from specc.runtime.verification import Verification
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
@@ -59,7 +59,7 @@ class CachedModel:
     def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, *extra_inputs: torch.Tensor) -> tuple:
         """Every graph output, raw; `extra_inputs` follow the caches (method-specific inputs)."""
-        mask = apply_sliding_window(mask, positions, self.architecture.sliding_window)
+        mask = pad_keys(apply_sliding_window(mask, positions, self.architecture.sliding_window), self.max_seq_len)
         outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots,
                                   *self.cache.tensors, *extra_inputs)
         self.forward_passes += 1

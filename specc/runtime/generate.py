@@ -21,10 +21,12 @@ class GenerationResult:
 
 
 def generate(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
-             sampling: SamplingConfig, max_seq_len: int, on_tokens=None) -> GenerationResult:
+             sampling: SamplingConfig, max_seq_len: int, on_tokens=None,
+             max_rows: int | None = None) -> GenerationResult:
     """Decode after `prompt_ids`; `on_tokens(ids)`, if given, is called with each
-    round's newly accepted tokens as soon as they are known."""
-    rounds = stream(target, drafter, prompt_ids, max_new_tokens, sampling, max_seq_len)
+    round's newly accepted tokens as soon as they are known. `max_rows` caps a
+    draft's nodes, root included (see `stream`)."""
+    rounds = stream(target, drafter, prompt_ids, max_new_tokens, sampling, max_seq_len, max_rows)
     while True:
         try:
             emitted = next(rounds)
@@ -35,13 +37,19 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: list[int], max
 
 
 def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
-           sampling: SamplingConfig, max_seq_len: int):
+           sampling: SamplingConfig, max_seq_len: int, max_rows: int | None = None):
     """A generator of each round's accepted token ids (the first: the prefill's
     token); its return value (StopIteration.value) is the `GenerationResult`.
     Inference mode is held only while the loop works, never across a yield.
     Sending a true value instead of calling `next` (``rounds.send(True)``,
     e.g. when a stop string appeared) ends generation there: the generator
-    returns the result for the tokens so far."""
+    returns the result for the tokens so far.
+
+    `max_rows`, when set, caps every draft at that many nodes, root included:
+    the most rows a verification may have and still compute each row exactly
+    as a one-row step does (`Backend.exact_rows`), so that a lossless method
+    matches plain decoding of the same engine where kernels round differently
+    for more rows (reduced precision)."""
     check_lengths(len(prompt_ids), max_new_tokens, max_seq_len)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     stats = GenerationStats()
@@ -58,9 +66,12 @@ def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_n
     new = tokens[len(prompt_ids):]
     stop = yield list(new)
     while not stop and len(new) < max_new_tokens and new[-1] not in eos:
-        step = _speculate if drafter is not None else _decode_one
         with torch.inference_mode():
-            emitted = step(target, drafter, tokens, max_new_tokens - len(new), sampling, generator, stats)
+            if drafter is None:
+                emitted = _decode_one(target, drafter, tokens, max_new_tokens - len(new), sampling, generator, stats)
+            else:
+                emitted = _speculate(target, drafter, tokens, max_new_tokens - len(new), sampling, generator, stats,
+                                     max_rows)
         emitted = _truncate(emitted, eos, max_new_tokens - len(new))
         tokens += emitted
         new += emitted
@@ -94,9 +105,10 @@ def _decode_one(target, drafter, tokens, remaining, sampling, generator, stats) 
     return [token]
 
 
-def _speculate(target, drafter, tokens, remaining, sampling, generator, stats) -> list[int]:
+def _speculate(target, drafter, tokens, remaining, sampling, generator, stats, max_rows=None) -> list[int]:
     prefix_len = len(tokens) - 1
-    budget = DraftBudget(max_depth=remaining - 1, max_nodes=target.max_seq_len - prefix_len)
+    room = target.max_seq_len - prefix_len
+    budget = DraftBudget(max_depth=remaining - 1, max_nodes=room if max_rows is None else min(room, max_rows))
     start = time.perf_counter()
     draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 else None
     stats.draft_seconds += time.perf_counter() - start

@@ -22,6 +22,28 @@ def tree_mask(prefix_len: int, tree: TreeTensors) -> torch.Tensor:
     return mask[None, None]
 
 
+KEY_BLOCK = 64   # attention masks are padded to a multiple of this many keys
+
+
+def pad_keys(mask: torch.Tensor, max_keys: int) -> torch.Tensor:
+    """`mask` with hidden key columns appended up to a multiple of `KEY_BLOCK` (at most `max_keys`).
+
+    Why: the graph attends over as many cache slots as the mask has columns, and
+    the reductions over that axis (softmax, probabilities times values) group
+    their terms by its length. A one-row step after p tokens and a verification
+    of q rows after the same p tokens then summed a row's terms in different
+    orders: in bfloat16 that moved logits by up to 0.4 (SmolLM2, AOTI), enough to
+    flip the frequent near-ties, so lossless engines differed from `none`. Padded,
+    both see the same length unless a block boundary lies between p + 1 and
+    p + q, and the extra columns are exact zeros after the softmax."""
+    keys = mask.shape[-1]
+    padded = min(max_keys, -(-keys // KEY_BLOCK) * KEY_BLOCK)
+    if padded <= keys:
+        return mask
+    hidden = torch.zeros(*mask.shape[:-1], padded - keys, dtype=mask.dtype, device=mask.device)
+    return torch.cat([mask, hidden], dim=-1)
+
+
 def apply_sliding_window(mask: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
     """Hide keys more than `window` positions behind each query (Mistral-style)."""
     if window is None or mask.shape[-1] <= window:

@@ -1,0 +1,54 @@
+"""Drafts capped at the rows a backend computes exactly as a decode step (reduced precision)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specc.compiler import CompileRequest, compile_engine
+from specc.engine.loaded import load_engine
+from specc.lower.aoti import AOTInductorBackend
+from specc.lower.eager import EagerBackend
+from specc.testing import assert_matches_hf_greedy, varied_prompts
+
+MAX_NEW_TOKENS = 24
+
+
+def test_aoti_caps_bfloat16_drafts_at_the_padded_decode_rows():
+    backend = AOTInductorBackend()
+    assert backend.exact_rows(torch.bfloat16) == 2
+    assert backend.exact_rows(torch.float32) is None
+    assert EagerBackend().exact_rows(torch.bfloat16) is None
+
+
+def test_a_lossless_engine_drafts_within_the_cap_and_stays_identical(checkpoints, tmp_path, prompt_lookup_method,
+                                                                    monkeypatch):
+    monkeypatch.setattr(EagerBackend, "exact_rows", lambda self, dtype: 2)
+    target, _ = checkpoints("llama")
+    compile_engine(CompileRequest(model=str(target), method="prompt-lookup", output=tmp_path / "e", max_seq_len=96))
+    engine = load_engine(tmp_path / "e")
+    assert engine.max_draft_rows == 2
+    results = assert_matches_hf_greedy(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target,
+                                       varied_prompts(12, 96, seed=11), MAX_NEW_TOKENS)
+    drafted = [n for r in results for n in r.stats.drafted_per_round]
+    assert drafted and max(drafted) == 1, "every round drafts one token: the root and one node fill two rows"
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+    rounds = engine.rounds(varied_prompts(1, 96, seed=11)[0], MAX_NEW_TOKENS)
+    while True:
+        try:
+            next(rounds)
+        except StopIteration as done:
+            assert max(done.value.stats.drafted_per_round, default=1) == 1, "streaming keeps the cap too"
+            break
+
+
+def test_a_lossy_engine_is_not_capped(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(EagerBackend, "exact_rows", lambda self, dtype: 2)
+    target, _ = checkpoints("llama")
+    compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "e", max_seq_len=96))
+    assert load_engine(tmp_path / "e").max_draft_rows == 2
+    manifest = tmp_path / "e" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"lossless": False}))
+    assert load_engine(tmp_path / "e").max_draft_rows is None, "a lossy method promises no identity to cap for"
