@@ -46,6 +46,10 @@ def benchmark(options: BenchOptions) -> dict:
     prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
     chat_formatted = any(p["chat_template"] for p in prompts)
     notes = prompt_set.notes + notes
+    if engine.max_draft_rows is not None:
+        notes.append(f"drafts capped at {engine.max_draft_rows} nodes, root included: the most rows the "
+                     f"{engine.manifest['backend']} backend computes in {engine.manifest['dtype']} exactly as a "
+                     f"decode step, so the engine can match specc none")
     if options.repeats < MIN_REPEATS_FOR_SPREAD:
         notes.append(f"only {options.repeats} repeat(s): the median, min and max are not a spread; "
                      f"use --repeats {MIN_REPEATS_FOR_SPREAD} or more for reportable figures")

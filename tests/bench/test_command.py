@@ -54,3 +54,19 @@ def test_bench_says_when_the_source_checkpoint_is_gone(checkpoints, tmp_path, ca
     assert code == 1
     assert "source checkpoint" in err and str(copy) in err
 
+
+
+def test_bench_says_when_drafts_are_capped_for_exactness(draft_engine, tmp_path, capsys, monkeypatch):
+    from specc.lower.eager import EagerBackend
+
+    monkeypatch.setattr(EagerBackend, "exact_rows", lambda self, dtype: 2)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w12 w40 w41"}\n')
+    out_json = tmp_path / "bench.json"
+    code = main(["bench", str(draft_engine), "--prompts", str(prompts), "--max-new-tokens", "6", "--repeats", "1",
+                 "--json", str(out_json)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(out_json.read_text())
+    assert any(note.startswith("drafts capped at 2 nodes") for note in doc["notes"])
+    engine_runs = [r["stats"] for r in doc["runs"] if r["system"] == "engine"]
+    assert engine_runs and all(r["drafted_tokens"] <= r["draft_rounds"] for r in engine_runs)
