@@ -82,10 +82,11 @@ class LoadedEngine:
 
     def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()):
         """The decoding loop as a generator (`specc.runtime.generate.stream`: send, yield
-        each round's tokens, return the result), under the backend's generation scope."""
-        with self.generation_scope():
-            return (yield from stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens,
-                                      sampling, self.max_seq_len, self.max_draft_rows))
+        each round's tokens, return the result). Each round runs under the backend's
+        generation scope; the caller's code between rounds runs outside it."""
+        steps = stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
+                       self.max_seq_len, self.max_draft_rows)
+        return (yield from _each_step_in(self.generation_scope, steps))
 
     def generation_scope(self):
         """The backend's thread settings while this engine generates (timing its graphs directly too)."""
@@ -132,3 +133,18 @@ def _load_graphs(path: Path, manifest: dict) -> dict:
         graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
         modules[name] = graph_from_json(graph_json, weights[source])
     return modules
+
+
+def _each_step_in(scope, steps):
+    """Drive the generator `steps`, entering `scope()` around each of its steps only."""
+    try:
+        sent = None
+        while True:
+            with scope():
+                try:
+                    emitted = steps.send(sent)
+                except StopIteration as done:
+                    return done.value
+            sent = yield emitted
+    finally:
+        steps.close()

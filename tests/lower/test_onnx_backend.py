@@ -67,15 +67,24 @@ def test_none_matches_hf_greedy(checkpoints, none_engines, family):
 
 def test_torch_runs_one_thread_while_an_onnx_engine_generates(none_engines):
     """Between session calls torch does only small ops; its OpenMP threads would fight
-    onnxruntime's pool for the cores. Afterwards torch's own thread count is back."""
+    onnxruntime's pool for the cores. Afterwards, and between streamed rounds (the
+    caller's own code), torch's own thread count is back."""
     engine = load_engine(none_engines("llama")[0])
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         seen = []
         engine.generate_ids([5, 6, 7], 4, on_tokens=lambda ids: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+        target, during_rounds = engine.runtime.target, []
+        step = target.prefill
+        target.prefill = lambda *args: during_rounds.append(torch.get_num_threads()) or step(*args)
         streamed = [torch.get_num_threads() for _ in engine.rounds([5, 6, 7], 4)]
-        assert seen and set(seen) == set(streamed) == {1}
+        assert set(streamed) == {2}, "the caller runs between rounds with its own threads"
+        assert during_rounds and set(during_rounds) == {1}
+        abandoned = engine.rounds([5, 6, 7], 4)
+        next(abandoned)
+        assert torch.get_num_threads() == 2, "an unfinished stream leaves the caller's threads alone"
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
