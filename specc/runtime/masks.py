@@ -40,7 +40,8 @@ def pad_keys(mask: torch.Tensor, max_keys: int) -> torch.Tensor:
     padded = min(max_keys, -(-keys // KEY_BLOCK) * KEY_BLOCK)
     if padded <= keys:
         return mask
-    hidden = torch.zeros(*mask.shape[:-1], padded - keys, dtype=mask.dtype, device=mask.device)
+    hidden_value = False if mask.dtype == torch.bool else float("-inf")   # boolean or additive masks
+    hidden = torch.full((*mask.shape[:-1], padded - keys), hidden_value, dtype=mask.dtype, device=mask.device)
     return torch.cat([mask, hidden], dim=-1)
 
 

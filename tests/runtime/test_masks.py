@@ -16,6 +16,12 @@ def test_pad_keys_appends_hidden_columns_up_to_a_block():
     assert torch.equal(padded[..., :70], mask) and not padded[..., 70:].any()
 
 
+def test_pad_keys_hides_the_new_columns_of_an_additive_mask_too():
+    additive = torch.zeros(1, 1, 2, 5)
+    padded = pad_keys(additive, 1024)
+    assert padded.shape[-1] == KEY_BLOCK and torch.isneginf(padded[..., 5:]).all() and not padded[..., :5].any()
+
+
 def test_pad_keys_stops_at_the_cache_length_and_leaves_whole_blocks_alone():
     assert pad_keys(causal_chunk_mask(67, 3), 100).shape[-1] == 100
     whole = causal_chunk_mask(0, KEY_BLOCK)
