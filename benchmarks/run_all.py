@@ -23,6 +23,7 @@ import json
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +101,8 @@ def run_suite(args: argparse.Namespace) -> int:
 
     target, draft = source_models(args.model_spec, args.draft)
     engines = ENGINES / (args.engines_from or variant_name(args.model_spec, args.backend, args.tag, args.dtype))
-    build = compile_method if not args.engines_from else reuse_compiled(args.backend, args.dtype)
+    build = (partial(compile_method, dtype=args.dtype) if not args.engines_from
+             else reuse_compiled(args.backend, args.dtype))
     max_seq_len = _max_seq_len(target)
     methods = selected_methods(args.methods)
     unknown = set(args.method_settings) - {m.name for m in methods}
@@ -108,7 +110,7 @@ def run_suite(args: argparse.Namespace) -> int:
         print(f"run_all: error: --set names {', '.join(sorted(unknown))}, not among the methods run",
               file=sys.stderr)
         return 2
-    baseline = build("none", target, None, engines, args.backend, max_seq_len, (), args.dtype)
+    baseline = build("none", target, None, engines, args.backend, max_seq_len)
     results = {}
     for method in methods:
         print(f"\n### {method.name}", file=sys.stderr)
@@ -204,8 +206,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
     try:
         engine = (baseline if method.name == "none" else
                   (build or compile_method)(method.name, target, draft if method.extra_sources else None, engines,
-                                 args.backend, max_seq_len, args.method_settings.get(method.name, []),
-                                 args.dtype))
+                                 args.backend, max_seq_len, args.method_settings.get(method.name, [])))
         doc = benchmark(BenchOptions(engine=engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                      repeats=args.repeats, num_prompts=args.num_prompts, baseline_engine=baseline))
     except Exception as exc:  # one broken method must not hide the others' results; it is reported loudly
@@ -297,15 +298,16 @@ def markdown_table(suite: dict) -> str:
     tag, changed = settings.get("tag"), settings.get("method_settings") or {}
     changes = "; ".join(f"{m}: {', '.join(fields)}" for m, fields in changed.items())
     variant = "" if not tag else f", variant `{tag}`" + (f" ({changes})" if changes else "")
-    dtype = "" if _dtype(settings) == "float32" else f", {_dtype(settings)}"
+    dtype = _dtype(settings)
+    dtype_label, dtype_flag = ("", "") if dtype == "float32" else (f", {dtype}", f" --dtype {dtype}")
     lines = [
-        f"**{suite['model_spec']}, {settings['backend']}{dtype}, {suite['device']}{variant}.** "
-        f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}{dtype}; "
+        f"**{suite['model_spec']}, {settings['backend']}{dtype_label}, {suite['device']}{variant}.** "
+        f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}{dtype_label}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
         f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
-        + ("" if _dtype(settings) == "float32" else f" --dtype {_dtype(settings)}")
+        + dtype_flag
         + (f" --methods {settings['methods']}" if settings.get("methods") else "")
         + (f" --draft {settings['draft']}" if settings.get("draft") else "")
         + (f" --engines-from {settings['engines_from']}" if settings.get("engines_from") else "")

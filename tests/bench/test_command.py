@@ -55,7 +55,6 @@ def test_bench_says_when_the_source_checkpoint_is_gone(checkpoints, tmp_path, ca
     assert "source checkpoint" in err and str(copy) in err
 
 
-
 def test_bench_says_when_drafts_are_capped_for_exactness(draft_engine, tmp_path, capsys, monkeypatch):
     from specc.lower.eager import EagerBackend
 
