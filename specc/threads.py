@@ -69,6 +69,13 @@ def default_threads() -> tuple[int, str]:
     return max(1, min(free, cores, MAX_DEFAULT_THREADS)), f"{cores} cores, load {load:.1f}"
 
 
+def idle_machine_threads() -> int:
+    """What the policy gives this machine when idle and unconfigured: the physical cores
+    (at most `MAX_DEFAULT_THREADS`). Ahead-of-time kernels are built for this count, not
+    for the threads the compile itself happens to run with (see `specc.lower.aoti`)."""
+    return max(1, min(physical_cores(), available_cpus(), MAX_DEFAULT_THREADS))
+
+
 def resolve_threads(requested: int | None) -> int:
     from specc.errors import UsageError
 

@@ -56,3 +56,25 @@ def test_single_rows_can_run_as_two_identical_rows():
     assert logits.tolist() == [[14.0]] and float(total) == 12.0
     dispatch(torch.tensor([[7, 8]]), torch.ones(1, 1, 2, 5, dtype=torch.bool), torch.ones(3, 4))
     assert seen[-1][0] == (1, 2)   # two rows run as they are
+
+
+def test_packages_are_built_for_the_idle_machine_threads_not_the_compile_threads(monkeypatch, tmp_path,
+                                                                                one_thread):
+    """Inductor bakes the packaging threads into its GEMM kernels: a compile run with one
+    thread must not leave an engine whose matrix products never run in parallel."""
+    import types
+
+    import specc.lower.aoti as aoti
+
+    seen = {}
+    monkeypatch.setattr(aoti, "idle_machine_threads", lambda: 3)
+    monkeypatch.setattr(aoti, "example_inputs", lambda *a, **k: [torch.zeros(1, 2)])
+    monkeypatch.setattr(aoti, "dynamic_dims", lambda *a: [None])
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: "exported")
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda exported, package_path: seen.setdefault("threads", torch.get_num_threads()))
+    target = types.SimpleNamespace(name="target", module=torch.nn.Linear(2, 2), signature=None, sizes=None,
+                                   dtype=torch.float32, max_seq_len=8)
+    assert aoti._package(target, tmp_path / "target.pt2", rows=3) == "target.pt2"
+    assert seen == {"threads": 3}
+    assert torch.get_num_threads() == 1
