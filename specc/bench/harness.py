@@ -15,6 +15,7 @@ from specc.bench.prompts import load_prompt_set
 from specc.bench.runner import run_interleaved
 from specc.bench.systems import ENGINE, engine_system
 from specc.errors import UsageError
+from specc.runtime.masks import KEY_BLOCK
 
 MIN_REPEATS_FOR_SPREAD = 3
 
@@ -47,9 +48,9 @@ def benchmark(options: BenchOptions) -> dict:
     chat_formatted = any(p["chat_template"] for p in prompts)
     notes = prompt_set.notes + notes
     if engine.max_draft_rows is not None:
-        notes.append(f"drafts capped at {engine.max_draft_rows} nodes, root included: the most rows the "
-                     f"{engine.manifest['backend']} backend computes in {engine.manifest['dtype']} exactly as a "
-                     f"decode step, so the engine can match specc none")
+        notes.append(f"drafts capped at {engine.max_draft_rows} nodes, root included, verified as chains within "
+                     f"one {KEY_BLOCK}-key block: the rows the {engine.manifest['backend']} backend computes in "
+                     f"{engine.manifest['dtype']} exactly as a decode step, so the engine can match specc none")
     if options.repeats < MIN_REPEATS_FOR_SPREAD:
         notes.append(f"only {options.repeats} repeat(s): the median, min and max are not a spread; "
                      f"use --repeats {MIN_REPEATS_FOR_SPREAD} or more for reportable figures")

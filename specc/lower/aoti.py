@@ -29,9 +29,11 @@ thread, 300 cached tokens; `benchmarks/verify_cost.py`): rows 1, 4, 6, 9, 12
 took 22.9, 29.3, 49.5, 69.3, 87.2 ms tuned narrow and 36.4, 33.7, 37.0, 49.4,
 55.5 ms tuned wide. The price: twice the packaging time, and the weights are
 frozen into both packages (twice the memory and disk). In bfloat16 the narrow
-package is tuned at 2 rows and one-row calls run as two identical rows
-(`SingleRowPadding`): one row took 24.1 ms tuned at 3, 18.5 ms tuned at 2,
-and two rows 13.6 ms (float32: 21.5 ms).
+package was first tuned at 2 rows with one-row calls run as two identical
+rows: one row took 24.1 ms tuned at 3, 18.5 ms tuned at 2, and two rows
+13.6 ms (float32: 21.5 ms). It is now tuned at `NARROW_ROWS_BF16` = 4 and
+every call of fewer rows runs padded to 4 (`RowPadding`), which makes
+verifying up to 4 rows exact (`exact_rows`).
 
 Inductor bakes the thread count into each GEMM kernel it generates (the
 torch threads at packaging time; a kernel built for one thread never runs
@@ -87,12 +89,15 @@ class AOTInductorBackend(Backend):
         return RowDispatch(narrow, torch._inductor.aoti_load_package(str(wide)), *axis, _padding(target))
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
-        """In bfloat16 a one-row call runs as two rows (`SingleRowPadding`), so a two-row
-        verification runs the very kernels of a decode step; at three rows the packaged
-        kernels summed differently on real prompts (SmolLM2: a row's logits moved by 0.25,
-        flipping bfloat16 near-ties, so prompt lookup verifying up to three rows matched
-        bfloat16 `none` on 7/8 code prompts). In float32 the differences stay below what
-        flips greedy choices in every test here."""
+        """In bfloat16 every call of up to `NARROW_ROWS_BF16` rows runs padded to exactly that
+        many (`RowPadding`), so a verification of that many rows runs the very kernels of a
+        decode step, row for row. Unpadded, the row count changed the rounding: on SmolLM2
+        (real text, prefixes 100-250) a 4-row call's first row differed from a decode
+        step's at 107 of 150 prefixes, by up to 0.6 in the logits, enough to flip bfloat16
+        near-ties; padded to 4 rows, every row matched except where the call's rows
+        straddled a key block (`specc.runtime.masks.rows_in_key_block`, which the loop
+        respects). In float32 the differences stay below what flips greedy choices in
+        every test here."""
         return NARROW_ROWS_BF16 if dtype == torch.bfloat16 else None
 
     def lower_segment(self, segment):
@@ -100,46 +105,54 @@ class AOTInductorBackend(Backend):
 
 
 NARROW_ROWS, WIDE_ROWS = 3, 12   # query rows of the example each package is tuned at
-NARROW_ROWS_BF16 = 2
+NARROW_ROWS_BF16 = 4               # and every bfloat16 call of fewer rows runs padded to this many
 NARROW_MAX_ROWS = 4               # calls with more rows run the wide package
 WIDE_SUFFIX = ".wide.pt2"
 
 
 @dataclass(frozen=True)
-class SingleRowPadding:
-    """Runs a one-row call as two identical rows and returns the first row's outputs.
+class RowPadding:
+    """Runs a call of fewer than `rows` query rows as exactly `rows` rows, the last
+    row repeated, and returns the real rows' outputs.
 
-    In bfloat16 the packaged kernels ran one row slower than two (SmolLM2, one
-    thread, 300 cached tokens: 18.5 ms against 13.6 ms). Two copies of a row
-    write the same K/V to the same slot and compute the same outputs."""
+    Why: in bfloat16 the packaged kernels round a row differently depending on
+    how many rows the call has. At one fixed row count a row computes the same
+    values whatever its neighbours hold, so a decode step and a verification of
+    up to `rows` rows agree bit for bit (see `AOTInductorBackend.exact_rows`).
+    A repeated row has the same token, position, mask row and cache slot as the
+    row it copies, so it writes the same K/V to the same slot."""
 
+    rows: int
     inputs: tuple[tuple[int, int], ...]    # (index, q axis) of every input with a q axis
     outputs: tuple[tuple[int, int], ...]   # the same for outputs
 
     def __call__(self, forward, args: tuple):
+        index, axis = self.inputs[0]
+        real = args[index].shape[axis]
         args = list(args)
         for index, axis in self.inputs:
-            args[index] = torch.cat([args[index], args[index]], dim=axis)
+            last = args[index].narrow(axis, real - 1, 1)
+            args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
         result = forward(*args)
         single = not isinstance(result, (list, tuple))
         result = [result] if single else list(result)
         for index, axis in self.outputs:
-            result[index] = result[index].narrow(axis, 0, 1)
+            result[index] = result[index].narrow(axis, 0, real)
         return result[0] if single else result
 
 
 class RowDispatch:
     """Calls the narrow package up to `NARROW_MAX_ROWS` query rows, the wide one above;
-    with `padding`, one-row calls run as two rows."""
+    with `padding`, calls of fewer rows than it holds run padded to that many."""
 
-    def __init__(self, narrow, wide, input_index: int, axis: int, padding: SingleRowPadding | None = None):
+    def __init__(self, narrow, wide, input_index: int, axis: int, padding: RowPadding | None = None):
         self.narrow, self.wide = narrow, wide
         self.input_index, self.axis = input_index, axis
         self.padding = padding
 
     def __call__(self, *args):
         rows = args[self.input_index].shape[self.axis]
-        if rows == 1 and self.padding is not None:
+        if self.padding is not None and rows < self.padding.rows:
             return self.padding(self.narrow, args)
         return (self.narrow if rows <= NARROW_MAX_ROWS else self.wide)(*args)
 
@@ -156,10 +169,10 @@ def _narrow_rows(target: LoweringTarget) -> int:
     return NARROW_ROWS_BF16 if target.dtype == torch.bfloat16 else NARROW_ROWS
 
 
-def _padding(target: LoweringTarget) -> SingleRowPadding | None:
+def _padding(target: LoweringTarget) -> RowPadding | None:
     if target.dtype != torch.bfloat16:
         return None
-    return SingleRowPadding(_q_axes(target.signature.inputs), _q_axes(target.signature.outputs))
+    return RowPadding(NARROW_ROWS_BF16, _q_axes(target.signature.inputs), _q_axes(target.signature.outputs))
 
 
 def _q_axes(specs) -> tuple[tuple[int, int], ...]:

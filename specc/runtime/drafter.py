@@ -29,10 +29,14 @@ class Draft:
 
 @dataclass(frozen=True)
 class DraftBudget:
-    """How much a draft may hold this round, from max tokens and max length."""
+    """How much a draft may hold this round, from max tokens and max length. `chain_only`:
+    one node per depth, each in the slot after its parent (the loop keeps only the
+    leading chain of any other draft, `exact_chain`), for engines whose verification is
+    exact for such rows only (`Backend.exact_rows`)."""
 
     max_depth: int
     max_nodes: int
+    chain_only: bool = False
 
 
 class Target(Protocol):

@@ -10,6 +10,8 @@ import torch
 from specc.errors import UsageError
 from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
 from specc.runtime.drafter import Draft, DraftBudget, Drafter, Target
+from specc.runtime.exact_chain import exact_chain
+from specc.runtime.masks import rows_in_key_block
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.stats import GenerationStats
 
@@ -49,7 +51,9 @@ def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_n
     the most rows a verification may have and still compute each row exactly
     as a one-row step does (`Backend.exact_rows`), so that a lossless method
     matches plain decoding of the same engine where kernels round differently
-    for more rows (reduced precision)."""
+    for more rows (reduced precision). Under it a draft is also kept to rows a
+    one-row step would reproduce: within one key block (`rows_in_key_block`)
+    and a chain, each node in the slot right after its parent (`exact_chain`)."""
     check_lengths(len(prompt_ids), max_new_tokens, max_seq_len)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     stats = GenerationStats()
@@ -108,9 +112,13 @@ def _decode_one(target, drafter, tokens, remaining, sampling, generator, stats) 
 def _speculate(target, drafter, tokens, remaining, sampling, generator, stats, max_rows=None) -> list[int]:
     prefix_len = len(tokens) - 1
     room = target.max_seq_len - prefix_len
-    budget = DraftBudget(max_depth=remaining - 1, max_nodes=room if max_rows is None else min(room, max_rows))
+    if max_rows is not None:
+        room = min(room, max_rows, rows_in_key_block(prefix_len, target.max_seq_len))
+    budget = DraftBudget(max_depth=remaining - 1, max_nodes=room, chain_only=max_rows is not None)
     start = time.perf_counter()
-    draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 else None
+    draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 and room > 1 else None
+    if draft is not None and max_rows is not None:
+        draft = exact_chain(draft)
     stats.draft_seconds += time.perf_counter() - start
     if draft is None:
         return _decode_one(target, drafter, tokens, remaining, sampling, generator, stats)

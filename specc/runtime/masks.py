@@ -45,6 +45,17 @@ def pad_keys(mask: torch.Tensor, max_keys: int) -> torch.Tensor:
     return torch.cat([mask, hidden], dim=-1)
 
 
+def rows_in_key_block(prefix_len: int, max_keys: int) -> int:
+    """How many rows a call after `prefix_len` cached tokens may have so that its padded
+    key count (`pad_keys`) is the one a one-row step at each of its rows would see:
+    the rows must end inside the key block the first row ends in (or the padding has
+    reached `max_keys`, the same for every call)."""
+    block_end = -(-(prefix_len + 1) // KEY_BLOCK) * KEY_BLOCK
+    if block_end >= max_keys:
+        return max_keys - prefix_len
+    return block_end - prefix_len
+
+
 def apply_sliding_window(mask: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
     """Hide keys more than `window` positions behind each query (Mistral-style)."""
     if window is None or mask.shape[-1] <= window:

@@ -8,7 +8,7 @@ import torch
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch, SingleRowPadding
+from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch, RowPadding
 from specc.testing import assert_matches_hf_greedy, varied_prompts
 
 
@@ -41,21 +41,24 @@ def test_both_packages_are_built_and_generate_like_hf_greedy(checkpoints, tmp_pa
     assert rows.count("narrow") == sum(len(r.token_ids) - 1 for r in results) > 0
 
 
-def test_single_rows_can_run_as_two_identical_rows():
-    """bfloat16 packages: inputs with a q axis are doubled along it, outputs cut back to one row."""
+def test_calls_of_fewer_rows_run_padded_with_their_last_row():
+    """bfloat16 packages: inputs with a q axis grow to the padding's rows by repeating the last
+    row, outputs are cut back to the real rows; a call with that many rows runs as it is."""
     seen = []
 
     def forward(tokens, mask, cache):
-        seen.append((tuple(tokens.shape), tuple(mask.shape), tuple(cache.shape)))
+        seen.append((tokens.tolist(), tuple(mask.shape), tuple(cache.shape)))
         return [tokens.float() * 2, cache.sum()[None]]
 
-    padding = SingleRowPadding(inputs=((0, 1), (1, 2)), outputs=((0, 1),))
+    padding = RowPadding(rows=4, inputs=((0, 1), (1, 2)), outputs=((0, 1),))
     dispatch = RowDispatch(forward, None, 0, 1, padding)
     logits, total = dispatch(torch.tensor([[7]]), torch.ones(1, 1, 1, 5, dtype=torch.bool), torch.ones(3, 4))
-    assert seen == [((1, 2), (1, 1, 2, 5), (3, 4))]
+    assert seen == [([[7, 7, 7, 7]], (1, 1, 4, 5), (3, 4))]
     assert logits.tolist() == [[14.0]] and float(total) == 12.0
-    dispatch(torch.tensor([[7, 8]]), torch.ones(1, 1, 2, 5, dtype=torch.bool), torch.ones(3, 4))
-    assert seen[-1][0] == (1, 2)   # two rows run as they are
+    logits, _ = dispatch(torch.tensor([[7, 8, 9]]), torch.ones(1, 1, 3, 5, dtype=torch.bool), torch.ones(3, 4))
+    assert seen[-1][0] == [[7, 8, 9, 9]] and logits.tolist() == [[14.0, 16.0, 18.0]]
+    dispatch(torch.tensor([[7, 8, 9, 10]]), torch.ones(1, 1, 4, 5, dtype=torch.bool), torch.ones(3, 4))
+    assert seen[-1][0] == [[7, 8, 9, 10]]   # four rows run as they are
 
 
 def test_packages_are_built_for_the_idle_machine_threads_not_the_compile_threads(monkeypatch, tmp_path,

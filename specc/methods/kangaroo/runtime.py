@@ -103,7 +103,7 @@ class KangarooDrafter:
         if max_depth < 1:
             return None
         root = len(tokens) - 1
-        sampled_chain = not sampling.greedy and config.tree_width == 1
+        sampled_chain = not sampling.greedy and (config.tree_width == 1 or budget.chain_only)
         logits = self._catch_up_and_root(tokens, root)
         node_tokens, widths, draft_probs, chain_slots = [tokens[-1]], [], [], [root]
         for depth in range(1, max_depth + 1):
@@ -116,7 +116,7 @@ class KangarooDrafter:
                 level = token_ids(torch.tensor([sample(probs, generator)]), self.vocabulary)
                 draft_probs.append(full_vocabulary(probs, self.vocabulary, self.vocab_size))
             else:
-                width = config.tree_width if confidence < config.tree_threshold else 1
+                width = config.tree_width if confidence < config.tree_threshold and not budget.chain_only else 1
                 level = token_ids(probs.topk(min(width, budget.max_nodes - len(node_tokens))).indices,
                                   self.vocabulary)
             node_tokens += level
