@@ -49,7 +49,6 @@ instead of 1.25x.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -58,6 +57,7 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.inductor import compile_dynamic
+from specc.lower.row_padding import EXACT_ROWS, RowPadding, exact_rows_for, row_padding
 from specc.threads import idle_machine_threads, torch_threads
 
 
@@ -98,47 +98,16 @@ class AOTInductorBackend(Backend):
         straddled a key block (`specc.runtime.masks.rows_in_key_block`, which the loop
         respects). In float32 the differences stay below what flips greedy choices in
         every test here."""
-        return NARROW_ROWS_BF16 if dtype == torch.bfloat16 else None
+        return exact_rows_for(dtype)
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)
 
 
 NARROW_ROWS, WIDE_ROWS = 3, 12   # query rows of the example each package is tuned at
-NARROW_ROWS_BF16 = 4               # and every bfloat16 call of fewer rows runs padded to this many
+NARROW_ROWS_BF16 = EXACT_ROWS      # and every bfloat16 call of fewer rows runs padded to this many
 NARROW_MAX_ROWS = 4               # calls with more rows run the wide package
 WIDE_SUFFIX = ".wide.pt2"
-
-
-@dataclass(frozen=True)
-class RowPadding:
-    """Runs a call of fewer than `rows` query rows as exactly `rows` rows, the last
-    row repeated, and returns the real rows' outputs.
-
-    Why: in bfloat16 the packaged kernels round a row differently depending on
-    how many rows the call has. At one fixed row count a row computes the same
-    values whatever its neighbours hold, so a decode step and a verification of
-    up to `rows` rows agree bit for bit (see `AOTInductorBackend.exact_rows`).
-    A repeated row has the same token, position, mask row and cache slot as the
-    row it copies, so it writes the same K/V to the same slot."""
-
-    rows: int
-    inputs: tuple[tuple[int, int], ...]    # (index, q axis) of every input with a q axis
-    outputs: tuple[tuple[int, int], ...]   # the same for outputs
-
-    def __call__(self, forward, args: tuple):
-        index, axis = self.inputs[0]
-        real = args[index].shape[axis]
-        args = list(args)
-        for index, axis in self.inputs:
-            last = args[index].narrow(axis, real - 1, 1)
-            args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
-        result = forward(*args)
-        single = not isinstance(result, (list, tuple))
-        result = [result] if single else list(result)
-        for index, axis in self.outputs:
-            result[index] = result[index].narrow(axis, 0, real)
-        return result[0] if single else result
 
 
 class RowDispatch:
@@ -170,13 +139,7 @@ def _narrow_rows(target: LoweringTarget) -> int:
 
 
 def _padding(target: LoweringTarget) -> RowPadding | None:
-    if target.dtype != torch.bfloat16:
-        return None
-    return RowPadding(NARROW_ROWS_BF16, _q_axes(target.signature.inputs), _q_axes(target.signature.outputs))
-
-
-def _q_axes(specs) -> tuple[tuple[int, int], ...]:
-    return tuple((i, list(spec.shape).index("q")) for i, spec in enumerate(specs) if "q" in spec.shape)
+    return row_padding(target) if target.dtype == torch.bfloat16 else None
 
 
 def _package(target: LoweringTarget, path: Path, rows: int) -> str:

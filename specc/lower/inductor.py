@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
+from specc.lower.row_padding import exact_in_reduced_precision, exact_rows_for
 
 
 def compile_dynamic(module):
@@ -19,7 +20,11 @@ class InductorBackend(Backend):
     compiles_lazily = True
 
     def load(self, target, artifacts, manifest):
-        return compile_dynamic(target.module)
+        return exact_in_reduced_precision(compile_dynamic(target.module), target)
+
+    def exact_rows(self, dtype: torch.dtype) -> int | None:
+        """bfloat16 calls of fewer rows run padded, as under eager (`specc.lower.row_padding`)."""
+        return exact_rows_for(dtype)
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)

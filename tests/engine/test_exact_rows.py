@@ -10,8 +10,11 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.lower.aoti import NARROW_ROWS_BF16, AOTInductorBackend
 from specc.lower.eager import EagerBackend
+from specc.lower.inductor import InductorBackend
+from specc.lower.row_padding import PaddedRows
 from specc.runtime.masks import KEY_BLOCK, rows_in_key_block
-from specc.testing import assert_matches_hf_greedy, recording_rounds, varied_prompts
+from specc.threads import torch_threads
+from specc.testing import build_tiny_checkpoint, assert_matches_hf_greedy, recording_rounds, varied_prompts
 
 MAX_NEW_TOKENS = 24
 
@@ -20,7 +23,48 @@ def test_aoti_caps_bfloat16_drafts_at_the_padded_decode_rows():
     backend = AOTInductorBackend()
     assert backend.exact_rows(torch.bfloat16) == NARROW_ROWS_BF16 == 4
     assert backend.exact_rows(torch.float32) is None
-    assert EagerBackend().exact_rows(torch.bfloat16) is None
+    assert EagerBackend().exact_rows(torch.bfloat16) == InductorBackend().exact_rows(torch.bfloat16) == 4
+    assert EagerBackend().exact_rows(torch.float32) is None
+
+
+def test_bfloat16_eager_engines_run_every_call_padded_and_a_lossless_one_matches_none(checkpoints, tmp_path,
+                                                                                     prompt_lookup_method):
+    """A decode step and a verification both run 4 rows, so prompt lookup gives exactly the
+    tokens the bfloat16 `none` engine gives (not HF's: bfloat16 HF rounds its own way)."""
+    target, _ = checkpoints("llama")
+    for method in ("none", "prompt-lookup"):
+        compile_engine(CompileRequest(model=str(target), method=method, output=tmp_path / method, dtype="bfloat16",
+                                      max_seq_len=96))
+    none, lookup = load_engine(tmp_path / "none"), load_engine(tmp_path / "prompt-lookup")
+    assert none.max_draft_rows == lookup.max_draft_rows == 4
+    rows = []
+    forward = none.context.graphs["target"]
+    assert isinstance(forward, PaddedRows)
+    inner = forward.forward
+    forward.forward = lambda *args: rows.append(args[0].shape[1]) or inner(*args)
+    prompts = varied_prompts(12, 96, seed=5) + [list(range(5, 60))]
+    expected = [none.generate_ids(ids, MAX_NEW_TOKENS).token_ids for ids in prompts]
+    assert min(rows) == 4 and rows.count(4) > len(prompts), "every decode step runs as four rows"
+    results = [lookup.generate_ids(ids, MAX_NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == expected
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(tmp_path):
+    """At SmolLM2's widths (the tiny test models are too narrow for the kernels to differ)."""
+    target = build_tiny_checkpoint("llama", tmp_path / "wide", hidden_size=576, intermediate_size=1536,
+                                   num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=2,
+                                   vocab_size=49152)
+    compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "e", dtype="bfloat16",
+                                  max_seq_len=96))
+    model = load_engine(tmp_path / "e").context.model("target")
+    tokens = torch.randint(model.architecture.vocab_size, (60,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode(), torch_threads(2):   # kernels split rows across threads differently
+        model.prefill(tokens[:40], 0)
+        steps = torch.cat([model.prefill(tokens[p:p + 1], p).logits for p in range(40, 44)])
+        for rows in (2, 3, 4):
+            chunk = model.prefill(tokens[40:40 + rows], 40).logits
+            assert torch.equal(chunk, steps[:rows]), f"a {rows}-row call rounds like {rows} one-row steps"
 
 
 def test_a_lossless_engine_drafts_chains_within_the_cap_and_one_key_block(checkpoints, tmp_path,

@@ -1,0 +1,81 @@
+"""Calls run at one fixed row count in reduced precision, so verification is exact.
+
+In bfloat16 the CPU kernels round a row differently depending on how many rows
+its call has. Measured on SmolLM2 (real text, prefixes 100-250): a 4-row call's
+first row differed from a one-row decode step at 107 of 150 prefixes under AOTI
+and a 2-row call's at 71 of 150 under eager, by up to 0.7 in the logits, which
+flips bfloat16's frequent near-ties. Padded to one fixed count, a row computes
+the same values whatever the other rows hold: every row of 2- and 4-row calls
+matched the decode steps under eager and Inductor, and under AOTI everywhere but
+where a call straddled a key block (`specc.runtime.masks.rows_in_key_block`).
+So in bfloat16 every graph call of fewer than `EXACT_ROWS` rows runs padded to
+`EXACT_ROWS` and `Backend.exact_rows` caps lossless drafts at that many rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
+
+
+@dataclass(frozen=True)
+class RowPadding:
+    """Runs a call of fewer than `rows` query rows as exactly `rows` rows, the last
+    row repeated, and returns the real rows' outputs. A repeated row has the same
+    token, position, mask row and cache slot as the row it copies, so it writes the
+    same K/V to the same slot."""
+
+    rows: int
+    inputs: tuple[tuple[int, int], ...]    # (index, q axis) of every input with a q axis
+    outputs: tuple[tuple[int, int], ...]   # the same for outputs
+
+    def __call__(self, forward, args: tuple):
+        index, axis = self.inputs[0]
+        real = args[index].shape[axis]
+        args = list(args)
+        for index, axis in self.inputs:
+            last = args[index].narrow(axis, real - 1, 1)
+            args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
+        result = forward(*args)
+        single = not isinstance(result, (list, tuple))
+        result = [result] if single else list(result)
+        for index, axis in self.outputs:
+            result[index] = result[index].narrow(axis, 0, real)
+        return result[0] if single else result
+
+
+class PaddedRows:
+    """`forward` with every call of fewer rows than `padding.rows` run padded."""
+
+    def __init__(self, forward, padding: RowPadding):
+        self.forward, self.padding = forward, padding
+
+    def __call__(self, *args):
+        index, axis = self.padding.inputs[0]
+        if args[index].shape[axis] < self.padding.rows:
+            return self.padding(self.forward, args)
+        return self.forward(*args)
+
+
+def row_padding(target, rows: int = EXACT_ROWS) -> RowPadding | None:
+    """The padding for a lowering target's graph; None when no input has a q axis."""
+    inputs = q_axes(target.signature.inputs)
+    return RowPadding(rows, inputs, q_axes(target.signature.outputs)) if inputs else None
+
+
+def exact_in_reduced_precision(forward, target):
+    """`forward` padded to `EXACT_ROWS` rows when the target runs in bfloat16."""
+    padding = row_padding(target) if target.dtype == torch.bfloat16 else None
+    return forward if padding is None else PaddedRows(forward, padding)
+
+
+def exact_rows_for(dtype: torch.dtype) -> int | None:
+    """`Backend.exact_rows` of a backend that pads with `exact_in_reduced_precision`."""
+    return EXACT_ROWS if dtype == torch.bfloat16 else None
+
+
+def q_axes(specs) -> tuple[tuple[int, int], ...]:
+    return tuple((i, list(spec.shape).index("q")) for i, spec in enumerate(specs) if "q" in spec.shape)
