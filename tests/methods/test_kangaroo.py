@@ -132,6 +132,17 @@ def test_the_papers_attention_only_adapter_is_lossless(checkpoints, tmp_path, on
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+def test_under_an_exactness_cap_a_tree_config_drafts_chains(engines, one_thread):
+    """Where verification is exact for chains only (`Backend.exact_rows`), the drafter must not
+    spend the row budget on siblings: its exit-state extras cannot be cut behind its back."""
+    engine, target = engines("llama")
+    model, drafter, rounds = runtime(engine.context, KangarooConfig(**VARIANTS["wide-tree"]))
+    assert_identical(lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN,
+                                          max_rows=4), target)
+    assert rounds and all(tree.spec.widths == (1,) * tree.spec.depth and tree.spec.depth <= 3 for tree, _ in rounds)
+    assert any(tree.spec.depth == 3 for tree, _ in rounds)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_inductor_matches_hf_greedy(engines, one_thread, family):
     engine, target = engines(family, "inductor")

@@ -26,7 +26,7 @@ class NgramDrafter:
         if not chain:
             return None
         levels = [[token] for token in chain]
-        if self.config.tree_width > 1:
+        if self.config.tree_width > 1 and not budget.chain_only:
             levels = self._with_siblings(tokens, chain)
         levels = _fit(levels, budget.max_nodes - 1)
         if not levels:

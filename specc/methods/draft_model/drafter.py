@@ -38,7 +38,7 @@ class DraftModelDrafter:
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
-        width = self.config.tree_width
+        width = 1 if budget.chain_only else self.config.tree_width
         max_depth = min(self.config.num_draft_tokens, budget.max_depth, (budget.max_nodes - 1) // width)
         if max_depth < 1:
             return None

@@ -40,9 +40,9 @@ class MaskTokenDrafter:
         if depth < 1:
             return None
         logits = self.predict(tokens[-1], len(tokens) - 1, depth)
-        if not sampling.greedy and self.config.tree_width == 1:
+        if not sampling.greedy and (self.config.tree_width == 1 or budget.chain_only):
             return self._sampled_chain(tokens[-1], logits, sampling, generator)
-        return self._top_k_tree(tokens[-1], logits, budget.max_nodes, sampling)
+        return self._top_k_tree(tokens[-1], logits, budget.max_nodes, sampling, budget.chain_only)
 
     def predict(self, root_token: int, root: int, depth: int) -> torch.Tensor:
         """Logits [depth, vocab] for the `depth` tokens after the root at slot `root`:
@@ -60,9 +60,11 @@ class MaskTokenDrafter:
                        generator: torch.Generator | None) -> Draft:
         return sampled_chain(root_token, probabilities(logits, sampling), self._eos, generator)
 
-    def _top_k_tree(self, root_token: int, logits: torch.Tensor, max_nodes: int, sampling: SamplingConfig) -> Draft:
+    def _top_k_tree(self, root_token: int, logits: torch.Tensor, max_nodes: int, sampling: SamplingConfig,
+                    chain_only: bool = False) -> Draft:
         """The top-1 chain, with the top-k at depths whose top-1 probability is below
-        `tree_threshold`; the chain stops after an end-of-sequence token."""
+        `tree_threshold` (unless `chain_only`); the chain stops after an end-of-sequence token."""
         probs = torch.softmax(logits.float(), dim=-1) if sampling.greedy else probabilities(logits, sampling)
-        widths = [1 if float(q.max()) >= self.config.tree_threshold else self.config.tree_width for q in probs]
+        wide = 1 if chain_only else self.config.tree_width
+        widths = [1 if float(q.max()) >= self.config.tree_threshold else wide for q in probs]
         return top_k_fan(root_token, probs, widths, max_nodes, self._eos)

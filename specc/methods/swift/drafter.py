@@ -124,7 +124,8 @@ class SwiftDrafter:
         for level in range(max_depth):
             logits, vocabulary = self._step(token, prefix_len + level, skip)
             confidence = float(torch.softmax(logits.float(), dim=-1).max())
-            width = min(self.config.fan_width(confidence), budget.max_nodes - 1 - sum(widths), logits.numel())
+            fan = 1 if budget.chain_only else self.config.fan_width(confidence)
+            width = min(fan, budget.max_nodes - 1 - sum(widths), logits.numel())
             if width < 1:
                 break
             candidates = token_ids(logits.topk(width).indices, vocabulary)
