@@ -32,7 +32,7 @@ frozen into both packages (twice the memory and disk). In bfloat16 the narrow
 package was first tuned at 2 rows with one-row calls run as two identical
 rows: one row took 24.1 ms tuned at 3, 18.5 ms tuned at 2, and two rows
 13.6 ms (float32: 21.5 ms). It is now tuned at `NARROW_ROWS_BF16` = 4 and
-every call of fewer rows runs padded to 4 (`RowPadding`), which makes
+every call of fewer rows runs padded to 4 (`PaddedRows`), which makes
 verifying up to 4 rows exact (`exact_rows`).
 
 Inductor bakes the thread count into each GEMM kernel it generates (the
@@ -57,7 +57,7 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.inductor import compile_dynamic
-from specc.lower.row_padding import EXACT_ROWS, RowPadding, exact_rows_for, row_padding
+from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
 from specc.threads import idle_machine_threads, torch_threads
 
 
@@ -84,13 +84,13 @@ class AOTInductorBackend(Backend):
                              f"{torch.__version__}; recompile the engine")
         narrow = torch._inductor.aoti_load_package(str(package))
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
-        if axis is None or not wide.is_file():   # engines packaged before the wide variant existed
-            return narrow
-        return RowDispatch(narrow, torch._inductor.aoti_load_package(str(wide)), *axis, _padding(target))
+        if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
+            narrow = RowDispatch(narrow, torch._inductor.aoti_load_package(str(wide)), *axis)
+        return exact_in_reduced_precision(narrow, target)
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """In bfloat16 every call of up to `NARROW_ROWS_BF16` rows runs padded to exactly that
-        many (`RowPadding`), so a verification of that many rows runs the very kernels of a
+        many (`PaddedRows`), so a verification of that many rows runs the very kernels of a
         decode step, row for row. Unpadded, the row count changed the rounding: on SmolLM2
         (real text, prefixes 100-250) a 4-row call's first row differed from a decode
         step's at 107 of 150 prefixes, by up to 0.6 in the logits, enough to flip bfloat16
@@ -111,35 +111,26 @@ WIDE_SUFFIX = ".wide.pt2"
 
 
 class RowDispatch:
-    """Calls the narrow package up to `NARROW_MAX_ROWS` query rows, the wide one above;
-    with `padding`, calls of fewer rows than it holds run padded to that many."""
+    """Calls the narrow package up to `NARROW_MAX_ROWS` query rows, the wide one above
+    (in bfloat16 behind `PaddedRows`, so calls of fewer rows arrive padded)."""
 
-    def __init__(self, narrow, wide, input_index: int, axis: int, padding: RowPadding | None = None):
+    def __init__(self, narrow, wide, input_index: int, axis: int):
         self.narrow, self.wide = narrow, wide
         self.input_index, self.axis = input_index, axis
-        self.padding = padding
 
     def __call__(self, *args):
         rows = args[self.input_index].shape[self.axis]
-        if self.padding is not None and rows < self.padding.rows:
-            return self.padding(self.narrow, args)
         return (self.narrow if rows <= NARROW_MAX_ROWS else self.wide)(*args)
 
 
 def _query_axis(target: LoweringTarget) -> tuple[int, int] | None:
     """(input index, axis) of the first input with a `q` axis; None: the graph has none."""
-    for index, spec in enumerate(target.signature.inputs):
-        if "q" in spec.shape:
-            return index, list(spec.shape).index("q")
-    return None
+    axes = q_axes(target.signature.inputs)
+    return axes[0] if axes else None
 
 
 def _narrow_rows(target: LoweringTarget) -> int:
     return NARROW_ROWS_BF16 if target.dtype == torch.bfloat16 else NARROW_ROWS
-
-
-def _padding(target: LoweringTarget) -> RowPadding | None:
-    return row_padding(target) if target.dtype == torch.bfloat16 else None
 
 
 def _package(target: LoweringTarget, path: Path, rows: int) -> str:

@@ -37,7 +37,7 @@ def pad_keys(mask: torch.Tensor, max_keys: int) -> torch.Tensor:
     both see the same length unless a block boundary lies between p + 1 and
     p + q, and the extra columns are exact zeros after the softmax."""
     keys = mask.shape[-1]
-    padded = min(max_keys, -(-keys // KEY_BLOCK) * KEY_BLOCK)
+    padded = padded_key_count(keys, max_keys)
     if padded <= keys:
         return mask
     hidden_value = False if mask.dtype == torch.bool else float("-inf")   # boolean or additive masks
@@ -50,10 +50,12 @@ def rows_in_key_block(prefix_len: int, max_keys: int) -> int:
     key count (`pad_keys`) is the one a one-row step at each of its rows would see:
     the rows must end inside the key block the first row ends in (or the padding has
     reached `max_keys`, the same for every call)."""
-    block_end = -(-(prefix_len + 1) // KEY_BLOCK) * KEY_BLOCK
-    if block_end >= max_keys:
-        return max_keys - prefix_len
-    return block_end - prefix_len
+    return padded_key_count(prefix_len + 1, max_keys) - prefix_len
+
+
+def padded_key_count(keys: int, max_keys: int) -> int:
+    """`keys` rounded up to a multiple of `KEY_BLOCK`, at most `max_keys`."""
+    return min(max_keys, -(-keys // KEY_BLOCK) * KEY_BLOCK)
 
 
 def apply_sliding_window(mask: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -13,8 +13,8 @@ from specc.lower.eager import EagerBackend
 from specc.lower.inductor import InductorBackend
 from specc.lower.row_padding import PaddedRows
 from specc.runtime.masks import KEY_BLOCK, rows_in_key_block
+from specc.testing import assert_matches_hf_greedy, build_tiny_checkpoint, recording_rounds, varied_prompts
 from specc.threads import torch_threads
-from specc.testing import build_tiny_checkpoint, assert_matches_hf_greedy, recording_rounds, varied_prompts
 
 MAX_NEW_TOKENS = 24
 

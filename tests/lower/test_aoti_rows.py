@@ -8,7 +8,8 @@ import torch
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch, RowPadding
+from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch
+from specc.lower.row_padding import PaddedRows, RowPadding
 from specc.testing import assert_matches_hf_greedy, varied_prompts
 
 
@@ -42,7 +43,7 @@ def test_both_packages_are_built_and_generate_like_hf_greedy(checkpoints, tmp_pa
 
 
 def test_calls_of_fewer_rows_run_padded_with_their_last_row():
-    """bfloat16 packages: inputs with a q axis grow to the padding's rows by repeating the last
+    """bfloat16 graphs: inputs with a q axis grow to the padding's rows by repeating the last
     row, outputs are cut back to the real rows; a call with that many rows runs as it is."""
     seen = []
 
@@ -51,7 +52,7 @@ def test_calls_of_fewer_rows_run_padded_with_their_last_row():
         return [tokens.float() * 2, cache.sum()[None]]
 
     padding = RowPadding(rows=4, inputs=((0, 1), (1, 2)), outputs=((0, 1),))
-    dispatch = RowDispatch(forward, None, 0, 1, padding)
+    dispatch = PaddedRows(forward, padding)
     logits, total = dispatch(torch.tensor([[7]]), torch.ones(1, 1, 1, 5, dtype=torch.bool), torch.ones(3, 4))
     assert seen == [([[7, 7, 7, 7]], (1, 1, 4, 5), (3, 4))]
     assert logits.tolist() == [[14.0]] and float(total) == 12.0
