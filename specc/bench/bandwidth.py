@@ -2,28 +2,40 @@
 
 Decoding one token with batch 1 reads every weight once, so no `none`
 engine decodes faster than (bytes read per second) / (weight bytes per
-token). The read rate is timed here as torch's sum over a float32 buffer
-far larger than the caches, with the threads the benchmark uses; the best of
-a few passes is kept, since a bound should be what the memory can do, not
-what a busy moment allowed. Weight bytes count every parameter once (a tied
-embedding and LM head read one matrix) at the engine's dtype; activations
-and the KV cache are left out, so the bound is slightly optimistic.
+token). The read rate is timed as torch's sum over a float32 buffer far
+larger than the caches, with the threads the benchmark uses.
+
+On a shared (virtual) machine what the memory delivers drifts by tens of
+percent over minutes (seen here: 30 to 53 GB/s on the same two cores), and
+the first passes after a pause read slower while the thread pool and the
+clocks wake up. So one reading is no bound: the benchmark takes a sample
+between its repeats (`BandwidthSamples`), each a warm-up followed by the best
+of a few passes, and reports the median with the range. Weight bytes count
+every parameter once (a tied embedding and LM head read one matrix) at the
+engine's dtype; activations and the KV cache are left out, so the bound is
+slightly optimistic.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
-BUFFER_BYTES = 512 * 2**20
+BUFFER_BYTES = 256 * 2**20
 PASSES = 5
+WARMUP_SECONDS = 0.2
 
 
-def read_bandwidth(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> float:
-    """Bytes per second one torch reduction reads (best of `passes`)."""
+def read_bandwidth(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES,
+                   warmup_seconds: float = WARMUP_SECONDS) -> float:
+    """Bytes per second one torch reduction reads: the best of `passes` after a warm-up."""
     buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+    warm_until = time.perf_counter() + warmup_seconds
     buffer.sum()   # touch every page before timing
+    while time.perf_counter() < warm_until:
+        buffer.sum()
     best = float("inf")
     for _ in range(passes):
         start = time.perf_counter()
@@ -32,10 +44,32 @@ def read_bandwidth(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES) -> fl
     return buffer.numel() * 4 / best
 
 
-def decode_bound(parameters: int, dtype: str, bandwidth: float) -> dict:
-    """Weight bytes per token at `dtype` and the tokens per second they allow."""
+class BandwidthSamples:
+    """Read rates sampled over a benchmark (call it between repeats), summarised as median and range."""
+
+    def __init__(self, read=read_bandwidth):
+        self._read = read
+        self.values: list[float] = []
+
+    def __call__(self, *_ignored) -> None:
+        self.values.append(self._read())
+
+    def bound(self, parameters: int, dtype: str) -> dict:
+        if not self.values:
+            self()
+        return decode_bound(parameters, dtype, self.values)
+
+
+def decode_bound(parameters: int, dtype: str, bandwidth: float | list[float]) -> dict:
+    """Weight bytes per token at `dtype` and the tokens per second the median read rate allows."""
+    samples = [bandwidth] if isinstance(bandwidth, (int, float)) else list(bandwidth)
     weight_bytes = parameters * torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return {"weight_bytes_per_token": weight_bytes, "read_bytes_per_second": round(bandwidth),
-            "bound_tokens_per_second": bandwidth / weight_bytes,
-            "measured_by": f"best of {PASSES} torch sums over a {BUFFER_BYTES // 2**20} MiB float32 buffer, "
-                           f"{torch.get_num_threads()} thread(s)"}
+    median = statistics.median(samples)
+    return {"weight_bytes_per_token": weight_bytes, "read_bytes_per_second": round(median),
+            "read_bytes_per_second_range": [round(min(samples)), round(max(samples))],
+            "read_samples": len(samples),
+            "bound_tokens_per_second": median / weight_bytes,
+            "bound_tokens_per_second_range": [min(samples) / weight_bytes, max(samples) / weight_bytes],
+            "measured_by": f"median of {len(samples)} sample(s) taken between repeats, each the best of "
+                           f"{PASSES} torch sums over a {BUFFER_BYTES // 2**20} MiB float32 buffer after a "
+                           f"{WARMUP_SECONDS:g} s warm-up, {torch.get_num_threads()} thread(s)"}

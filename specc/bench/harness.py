@@ -6,7 +6,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specc.bench.bandwidth import decode_bound, read_bandwidth
+from specc.bench.bandwidth import BandwidthSamples
 from specc.bench.baselines import build_baselines, source_checkpoint
 from specc.bench.document import build_document
 from specc.bench.machine import machine_info, versions
@@ -60,8 +60,10 @@ def benchmark(options: BenchOptions) -> dict:
         under_test = engine_system(ENGINE, f"specc {engine.manifest['method']}", "engine", engine,
                                    options.max_new_tokens)
         systems = baselines.systems + [under_test]
-        runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress)
-    bound = decode_bound(baselines.model_info["parameters"], engine.manifest["dtype"], read_bandwidth())
+        bandwidth = BandwidthSamples()
+        runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
+                               between_repeats=bandwidth)
+    bound = bandwidth.bound(baselines.model_info["parameters"], engine.manifest["dtype"])
     settings = {"prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
                 "chat_template": chat_formatted,

@@ -36,7 +36,9 @@ class Run:
 
 
 def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: int, memory: MemoryProbe,
-                    show_progress: bool = True) -> list[Run]:
+                    show_progress: bool = True, between_repeats=None) -> list[Run]:
+    """Every system on every prompt, `repeats` times; `between_repeats()`, if given, runs before each
+    repeat and after the last (the bandwidth samples), outside every timed run."""
     from tqdm import tqdm
 
     total = len(systems) * (1 + repeats * len(prompts))
@@ -48,11 +50,15 @@ def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: in
             system.generate(prompts[0])
             progress.update()
         for repeat in range(repeats):
+            if between_repeats is not None:
+                between_repeats()
             for index, prompt_ids in enumerate(prompts):
                 for system in _rotated(systems, repeat + index):
                     progress.set_postfix_str(f"repeat {repeat + 1}/{repeats} {system.name}")
                     runs.append(timed_run(system, prompt_ids, index, repeat, memory))
                     progress.update()
+        if between_repeats is not None:
+            between_repeats()
     return runs
 
 

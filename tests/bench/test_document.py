@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specc.bench.bandwidth import decode_bound, read_bandwidth
+from specc.bench.bandwidth import BandwidthSamples, decode_bound, read_bandwidth
 from specc.bench.document import SCHEMA, build_document
 from specc.bench.memory import MemoryProbe
 from specc.bench.plot import write_chart
@@ -151,7 +151,7 @@ def test_a_compile_time_prediction_is_reported_beside_the_measurement():
 
 
 def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
-    bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2)
+    bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2, warmup_seconds=0.01)
     assert bandwidth > 1e8
     bound = decode_bound(1000, "bfloat16", bandwidth=4000.0)
     assert bound["weight_bytes_per_token"] == 2000 and bound["bound_tokens_per_second"] == 2.0
@@ -185,3 +185,21 @@ def test_speedup_per_memory_divides_the_speedup_by_the_relative_footprint():
     assert normalized["relative_memory"] == pytest.approx(relative)
     assert normalized["value"] == pytest.approx(doc["overall"]["speedup"][SPECC_NONE]["median"] / relative)
     assert "speedup per memory" in format_report(doc)
+
+
+def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range():
+    readings = iter([3000.0, 9000.0, 4000.0])
+    samples = BandwidthSamples(read=lambda: next(readings))
+    systems = [System(SPECC_NONE, "specc none", "baseline", _plain, 100)]
+    run_interleaved(systems, [[1], [2]], repeats=2, memory=MemoryProbe(), show_progress=False,
+                    between_repeats=samples)
+    assert samples.values == [3000.0, 9000.0, 4000.0]          # before each repeat and after the last
+    bound = samples.bound(1000, "bfloat16")
+    assert bound["read_bytes_per_second"] == 4000 and bound["read_bytes_per_second_range"] == [3000, 9000]
+    assert bound["bound_tokens_per_second"] == 2.0 and bound["bound_tokens_per_second_range"] == [1.5, 4.5]
+    doc = _document(bandwidth_bound=bound)
+    decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
+    assert doc["bandwidth_bound"]["specc_none_share_of_bound_range"] == pytest.approx([decode / 4.5, decode / 1.5])
+    report = format_report(doc)
+    assert "GB/s read (0.0–0.0) → 2.0 tok/s" in report and "% over the read-rate range)" in report
+    assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(1000, "bfloat16", 4e3)))
