@@ -76,9 +76,12 @@ def test_packages_are_built_for_the_idle_machine_threads_not_the_compile_threads
     monkeypatch.setattr(aoti, "dynamic_dims", lambda *a: [None])
     monkeypatch.setattr(torch.export, "export", lambda *a, **k: "exported")
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
-                        lambda exported, package_path: seen.setdefault("threads", torch.get_num_threads()))
+                        lambda exported, package_path: seen.update(
+                            threads=torch.get_num_threads(),
+                            min_chunk=torch._inductor.config.cpp.min_chunk_size))
     target = types.SimpleNamespace(name="target", module=torch.nn.Linear(2, 2), signature=None, sizes=None,
                                    dtype=torch.float32, max_seq_len=8)
     assert aoti._package(target, tmp_path / "target.pt2", rows=3) == "target.pt2"
-    assert seen == {"threads": 3}
+    assert seen == {"threads": 3, "min_chunk": aoti.MIN_CHUNK_PER_THREAD}   # small kernels stay on one thread
     assert torch.get_num_threads() == 1
+    assert torch._inductor.config.cpp.min_chunk_size != aoti.MIN_CHUNK_PER_THREAD   # only while packaging
