@@ -51,7 +51,7 @@ class BandwidthSamples:
         self._read = read
         self.values: list[float] = []
 
-    def __call__(self, *_ignored) -> None:
+    def __call__(self) -> None:
         self.values.append(self._read())
 
     def bound(self, parameters: int, dtype: str) -> dict:
@@ -60,9 +60,8 @@ class BandwidthSamples:
         return decode_bound(parameters, dtype, self.values)
 
 
-def decode_bound(parameters: int, dtype: str, bandwidth: float | list[float]) -> dict:
+def decode_bound(parameters: int, dtype: str, samples: list[float]) -> dict:
     """Weight bytes per token at `dtype` and the tokens per second the median read rate allows."""
-    samples = [bandwidth] if isinstance(bandwidth, (int, float)) else list(bandwidth)
     weight_bytes = parameters * torch.empty((), dtype=getattr(torch, dtype)).element_size()
     median = statistics.median(samples)
     return {"weight_bytes_per_token": weight_bytes, "read_bytes_per_second": round(median),

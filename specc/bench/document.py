@@ -81,7 +81,7 @@ def _with_none_share(bound: dict | None, overall: dict) -> dict | None:
         return None
     none = overall["systems"].get(SPECC_NONE, {}).get("decode_tokens_per_second")
     decode = none["median"] if none else None
-    low, high = bound.get("bound_tokens_per_second_range", [bound["bound_tokens_per_second"]] * 2)
+    low, high = bound["bound_tokens_per_second_range"]
     return {**bound, "specc_none_decode_tokens_per_second": decode,
             "specc_none_share_of_bound": decode / bound["bound_tokens_per_second"] if decode else None,
             "specc_none_share_of_bound_range": [decode / high, decode / low] if decode else None}

@@ -120,22 +120,22 @@ def _prediction_lines(prediction: dict) -> list[str]:
 def _bound_line(bound: dict) -> str:
     share = bound["specc_none_share_of_bound"]
     return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token at "
-            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read{_range(bound.get('read_bytes_per_second_range'), 1e9)}"
+            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read{_range(bound['read_bytes_per_second_range'], 1e9)}"
             f" → {bound['bound_tokens_per_second']:.1f} tok/s; "
             + ("specc none decodes n/a" if share is None else
                f"specc none decodes {bound['specc_none_decode_tokens_per_second']:.1f} tok/s = {share:.0%} of it"
-               + _share_range(bound.get("specc_none_share_of_bound_range")))
+               + _share_range(bound["specc_none_share_of_bound_range"]))
             + f"  ({bound['measured_by']})")
 
 
-def _range(values: list | None, scale: float) -> str:
-    if not values or values[0] == values[1]:
+def _range(values: list, scale: float) -> str:
+    if values[0] == values[1]:
         return ""
     return f" ({values[0] / scale:.1f}–{values[1] / scale:.1f})"
 
 
-def _share_range(values: list | None) -> str:
-    if not values or round(values[0], 2) == round(values[1], 2):
+def _share_range(values: list) -> str:
+    if round(values[0], 2) == round(values[1], 2):
         return ""
     return f" ({values[0]:.0%}–{values[1]:.0%} over the read-rate range)"
 

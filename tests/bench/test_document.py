@@ -153,7 +153,7 @@ def test_a_compile_time_prediction_is_reported_beside_the_measurement():
 def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2, warmup_seconds=0.01)
     assert bandwidth > 1e8
-    bound = decode_bound(1000, "bfloat16", bandwidth=4000.0)
+    bound = decode_bound(1000, "bfloat16", [4000.0])
     assert bound["weight_bytes_per_token"] == 2000 and bound["bound_tokens_per_second"] == 2.0
     doc = _document(bandwidth_bound=bound)
     none_decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
@@ -202,4 +202,4 @@ def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range
     assert doc["bandwidth_bound"]["specc_none_share_of_bound_range"] == pytest.approx([decode / 4.5, decode / 1.5])
     report = format_report(doc)
     assert "GB/s read (0.0–0.0) → 2.0 tok/s" in report and "% over the read-rate range)" in report
-    assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(1000, "bfloat16", 4e3)))
+    assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(1000, "bfloat16", [4e3])))
