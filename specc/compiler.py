@@ -83,6 +83,11 @@ def compile_engine(request: CompileRequest) -> dict:
             trained = method.train(program, config, tokenizer)
             program.added_weights, method_state = trained.weights, trained.state
             config = trained.config or config
+    lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
+    if not lossless and is_lossless(method, config):
+        log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
+                    "the %s `none` engine's: the engine is marked lossy (compile in float32 for identity)",
+                    method.name, request.backend, request.dtype, request.dtype)
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
@@ -91,7 +96,7 @@ def compile_engine(request: CompileRequest) -> dict:
         kernels = _kernels_by_graph(program)
         report = {
             "method": method.name, "method_config": config.to_json(), "backend": request.backend,
-            "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": is_lossless(method, config),
+            "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": lossless,
             "source_checkpoint": str(checkpoint),
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),

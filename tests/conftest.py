@@ -39,6 +39,15 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wide_checkpoint(tmp_path_factory) -> Path:
+    """A random llama at SmolLM2-135M's widths (4 layers): wide enough that bfloat16 kernels
+    round a row differently in calls of different row counts, which the tiny models are not."""
+    return build_tiny_checkpoint("llama", tmp_path_factory.mktemp("wide") / "target", hidden_size=576,
+                                 intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                                 num_hidden_layers=4, vocab_size=49152)
+
+
+@pytest.fixture(scope="session")
 def prompt_lookup_method():
     """The example method of examples/prompt_lookup registered in-process (its entry point is tested
     separately, in tests/examples)."""

@@ -67,7 +67,7 @@ import torch
 from specc.errors import SpeccError, UsageError
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
-from specc.lower.inductor import compile_dynamic
+from specc.lower.inductor import EXACT_ROUNDING, compile_dynamic
 from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
 from specc.threads import idle_machine_threads, torch_threads
 
@@ -164,8 +164,8 @@ def packaging_config(target: LoweringTarget) -> dict:
     """Inductor settings for a package: freezing always; on the CPU also GEMM autotuning
     between Inductor's own C++ micro-kernel template and ATen (oneDNN), which the C++
     template wins for every decode-sized linear of SmolLM2, and small kernels kept on one
-    thread (see the module docstring)."""
-    config = {"freezing": True}
+    thread (see the module docstring); rounding as eager rounds, as under `inductor`."""
+    config = {"freezing": True, **EXACT_ROUNDING}
     on_cpu = all(t.device.type == "cpu" for t in (*target.module.parameters(), *target.module.buffers()))
     if on_cpu:
         config.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",

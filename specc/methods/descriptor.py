@@ -75,6 +75,10 @@ class MethodDescriptor:
     lossless: bool = True
     # When losslessness depends on the config (a lossy paper mode beside a lossless one): config -> bool.
     lossless_when: Callable[[MethodConfig], bool] | None = None
+    # Whether every verifying call holds only the draft's rows, which `Backend.exact_rows` bounds.
+    # False (FIRP: pseudo rows ride along): where a backend computes only that many rows exactly
+    # (bfloat16), the engine cannot promise the `none` engine's tokens and is compiled lossy.
+    verifies_draft_rows_only: bool = True
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
@@ -83,8 +87,11 @@ class MethodDescriptor:
     validate: Callable[[MethodConfig, object], None] | None = None
 
 
-def is_lossless(method: MethodDescriptor, config: MethodConfig) -> bool:
-    return method.lossless_when(config) if method.lossless_when is not None else method.lossless
+def is_lossless(method: MethodDescriptor, config: MethodConfig, exact_rows: int | None = None) -> bool:
+    """Whether an engine of `method` gives its target's tokens, on a backend that computes calls
+    of up to `exact_rows` rows exactly as a decode step (None: calls of any size)."""
+    lossless = method.lossless_when(config) if method.lossless_when is not None else method.lossless
+    return lossless and (method.verifies_draft_rows_only or exact_rows is None)
 
 
 def check_backend(method: MethodDescriptor, backend) -> None:

@@ -121,10 +121,12 @@ class InsertExitPredictors(GraphPass):
         candidates = declare_input(add_placeholder(graph, self.config.candidates_input), CANDIDATES_ROLE,
                                    "int64", ("q", self.config.candidates))
         generator = torch.Generator().manual_seed(self.config.seed)
+        dtype = _weight(gm, head.args[1].target).dtype
         scores, added = [], []
         for layer in chosen:
             predictor = ExitPredictorMLP(self.config.candidates, self.config.hidden)
             _seeded_init(predictor, generator)
+            predictor.to(dtype)   # the graph's floating dtype: its reduced logits feed the predictor
             prefix = f"{MODULE}.layer_{layer}"
             gm.add_submodule(prefix, predictor)
             added += [f"{prefix}.{name}" for name, _ in predictor.named_parameters()]
@@ -224,6 +226,13 @@ def _final_norm(graph: fx.Graph, head: fx.Node, last_layer: int) -> _FinalNorm:
         members.add(node)
         frontier += [a for a in node.all_input_nodes]
     return _FinalNorm(source, [n for n in graph.nodes if n in members])
+
+
+def _weight(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    try:
+        return gm.get_parameter(target)
+    except AttributeError:
+        return gm.get_buffer(target)
 
 
 def _seeded_init(module: torch.nn.Module, generator: torch.Generator) -> None:

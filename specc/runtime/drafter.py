@@ -32,7 +32,9 @@ class DraftBudget:
     """How much a draft may hold this round, from max tokens and max length. `chain_only`:
     one node per depth, each in the slot after its parent (the loop keeps only the
     leading chain of any other draft, `exact_chain`), for engines whose verification is
-    exact for such rows only (`Backend.exact_rows`)."""
+    exact for such rows only (`Backend.exact_rows`). Only the target graph's own calls are
+    exact then: a drafter may not hand over logits it computed otherwise as the target's
+    (SpecEE's full-depth layer-by-layer steps round their own way in bfloat16)."""
 
     max_depth: int
     max_nodes: int

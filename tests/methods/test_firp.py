@@ -247,6 +247,19 @@ def test_engine_stores_the_projections_with_its_report(engines):
     assert len(record["added_parameters"]) == 6
 
 
+def test_bfloat16_engines_are_compiled_lossy(checkpoints, tmp_path, caplog):
+    """Pseudo rows widen every verification past the rows bfloat16 computes exactly
+    (`Backend.exact_rows`), so a bfloat16 engine promises no identity with `none`: uncapped."""
+    target = checkpoints("llama")[0]
+    for dtype in ("float32", "bfloat16"):
+        compile_engine(CompileRequest(model=str(target), method="firp", output=tmp_path / dtype, dtype=dtype,
+                                      max_seq_len=MAX_SEQ_LEN, settings=["train_steps=0"]))
+    assert load_engine(tmp_path / "float32").manifest["lossless"] is True
+    bfloat16 = load_engine(tmp_path / "bfloat16")
+    assert bfloat16.manifest["lossless"] is False and bfloat16.max_draft_rows is None
+    assert "marked lossy" in caplog.text
+
+
 def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):
     for bad in ("steps=0", "layers=2,1", "tree=5", "tree=2,2", "tree=0,1,1", "pseudo_rows=some",
                 "train_seq_len=4"):

@@ -24,6 +24,7 @@ from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
                            exact_marginals, varied_prompts)
+from specc.threads import torch_threads
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -197,6 +198,25 @@ def test_compiled_segments_match_hf_greedy(checkpoints, tmp_path, one_thread, ba
     assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
                              varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
     assert any(e < 2 for e in loaded.runtime.drafter.early.exit_layers)
+
+
+def test_bfloat16_lossless_engine_matches_bfloat16_none(wide_checkpoint, tmp_path):
+    """In bfloat16 only the target graph's padded calls are exact (`Backend.exact_rows`): a
+    layer-by-layer step that ran every layer rounds its own way, so it is a draft like any other
+    (taken as exact, 6 of these 10 prompts left `none`'s tokens)."""
+    settings = [f"{k}={v}" for k, v in {**TRAIN, **EXITING}.items()]
+    engines = {}
+    for method, method_settings in (("none", []), ("specee", settings)):
+        compile_engine(CompileRequest(model=str(wide_checkpoint), method=method, output=tmp_path / method,
+                                      dtype="bfloat16", max_seq_len=MAX_SEQ_LEN, settings=method_settings))
+        engines[method] = load_engine(tmp_path / method)
+    assert engines["specee"].max_draft_rows == 4
+    prompts = varied_prompts(10, 49152, seed=5)
+    with torch.inference_mode(), torch_threads(2):   # kernels split rows across threads differently
+        expected = [engines["none"].generate_ids(ids, 32).token_ids for ids in prompts]
+        results = [engines["specee"].generate_ids(ids, 32) for ids in prompts]
+    assert [r.token_ids for r in results] == expected
+    assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
 def test_lossless_verifies_only_the_rows_after_the_first_exit(programs, one_thread):

@@ -180,7 +180,7 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
             result = self.early.step(chain[-1], prefix_len + depth, feature)
             logits, feature = result.logits[0, -1], result.hidden[0, -1]
             ran_every_layer = result.exit_layer == last_layer
-            if ran_every_layer and not exited:
+            if ran_every_layer and not exited and not budget.chain_only:
                 exact_logits.append(logits)
                 exact_hidden.append(feature)
             if sampling.greedy:

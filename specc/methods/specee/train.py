@@ -193,19 +193,19 @@ def _train_predictors(gm, layers, samples: _Samples, config: SpecEEConfig) -> di
     for layer in tqdm(layers, desc="specee: training exit predictors", unit="layer", dynamic_ncols=True):
         predictor = predictor_parameters(gm, layer)
         x, y = samples.features[layer], samples.labels[layer]
+        # float32 masters: Adam's small steps vanish in a bfloat16 weight
+        master = {name: p.detach().float().requires_grad_(True) for name, p in predictor.items()}
         with torch.enable_grad():
-            for p in predictor.values():
-                p.requires_grad_(True)
-            optimizer = torch.optim.Adam(predictor.values(), lr=config.predictor_learning_rate)
+            optimizer = torch.optim.Adam(master.values(), lr=config.predictor_learning_rate)
             for _ in range(config.predictor_epochs):
                 for batch in torch.randperm(len(y), generator=generator).split(256):
-                    loss = torch.nn.functional.binary_cross_entropy(_score(predictor, x[batch]), y[batch])
+                    loss = torch.nn.functional.binary_cross_entropy(_score(master, x[batch]), y[batch])
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
-            for p in predictor.values():
-                p.requires_grad_(False)
         with torch.no_grad():
+            for name, p in predictor.items():
+                p.copy_(master[name])
             fired = _score(predictor, x) > 0.5
         report[str(layer)] = {"positives": round(float(y.mean()), 4),
                               "accuracy": round(float((fired == (y > 0.5)).float().mean()), 4)}
