@@ -86,7 +86,7 @@ def compile_engine(request: CompileRequest) -> dict:
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
-                    "the %s `none` engine's: the engine is marked lossy (compile in float32 for identity)",
+                    "plain greedy decoding in %s: the engine is marked lossy (compile in float32 for identity)",
                     method.name, request.backend, request.dtype, request.dtype)
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):

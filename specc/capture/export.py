@@ -18,6 +18,7 @@ from torch.fx.graph import CodeGen
 
 from specc.capture.families import ArchitectureSummary, summarize_architecture
 from specc.errors import SpeccError
+from specc.graph.nodes import attribute
 from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import remove_assertions, tidy
 
@@ -118,7 +119,7 @@ def _copy_body(gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule, operands
 
 def _hoist_attribute(gm: fx.GraphModule, body: fx.GraphModule, node: fx.Node) -> fx.Node:
     name = f"_inlined_{str(node.target).replace('.', '_')}"
-    value = body.get_parameter(node.target) if node.target in dict(body.named_parameters()) else getattr(body, node.target)
+    value = attribute(body, node.target)
     if not hasattr(gm, name):
         gm.register_buffer(name, value)
     return gm.graph.get_attr(name)

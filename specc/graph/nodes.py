@@ -61,5 +61,13 @@ def add_placeholder(graph: fx.Graph, name: str, example: torch.Tensor | None = N
     return node
 
 
+def attribute(root: torch.nn.Module, target: str) -> torch.Tensor:
+    """The parameter or buffer a `get_attr` target names (a dotted path from `root`)."""
+    value = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def output_node(graph: fx.Graph) -> fx.Node:
     return next(n for n in reversed(graph.nodes) if n.op == "output")

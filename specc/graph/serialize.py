@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
+from specc.graph.nodes import attribute
 
 FORMAT = "specc-fx-graph/1"
 _OP_NAMESPACES = ("aten", "prims", "specc")
@@ -193,14 +194,8 @@ def graph_attributes(gm: fx.GraphModule, prefix: str = "") -> dict[str, torch.Te
     tensors = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            tensors[prefix + node.target] = _get_attr(gm, node.target)
+            tensors[prefix + node.target] = attribute(gm, node.target)
         elif node.op == "call_module":
             tensors.update(graph_attributes(gm.get_submodule(node.target), f"{prefix}{node.target}."))
     return tensors
 
-
-def _get_attr(root: torch.nn.Module, dotted: str) -> torch.Tensor:
-    value = root
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value

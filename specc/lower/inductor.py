@@ -10,8 +10,8 @@ from specc.lower.row_padding import exact_in_reduced_precision, exact_rows_for
 
 # Round where eager rounds: otherwise a fused kernel keeps bfloat16 intermediates in float32, and
 # how it fuses depends on the graph's outputs, so a method's target graph (with an extra output)
-# gave other bfloat16 logits than the `none` engine's (a wide random llama: up to 0.125 apart,
-# Kangaroo 1 and FIRP 3 of 10 prompts identical to `none`). No effect in float32.
+# gave other bfloat16 logits than the plain target graph's (a wide random llama: up to 0.125
+# apart, 1 to 3 of 10 prompts decoded identically). No effect in float32.
 EXACT_ROUNDING = {"emulate_precision_casts": True}
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import add_placeholder, layer_index, module_path, placeholder
+from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import (_LAYER_PATH, adopt_parameters, attention_of, final_norm_path,
@@ -100,18 +100,12 @@ def _hidden_size(gm: fx.GraphModule, embedding: fx.Node) -> int:
     weight = embedding.args[0]
     if weight.op != "get_attr":
         raise SpeccError(f"the token embedding reads {weight.name}, not a weight")
-    return gm.get_parameter(weight.target).shape[1] if _is_parameter(gm, weight.target) \
-        else gm.get_buffer(weight.target).shape[1]
-
-
-def _is_parameter(gm: fx.GraphModule, name: str) -> bool:
-    return name in dict(gm.named_parameters())
+    return attribute(gm, weight.target).shape[1]
 
 
 def _register_fc(gm: fx.GraphModule, prefix: str, hidden: int, weight_node: fx.Node, anchor: fx.Node) -> None:
     """W_fc = [0 | I], b = 0: the untrained head passes the feature through."""
-    dtype = gm.get_parameter(weight_node.target).dtype if _is_parameter(gm, weight_node.target) \
-        else gm.get_buffer(weight_node.target).dtype
+    dtype = attribute(gm, weight_node.target).dtype
     fc = torch.nn.Linear(2 * hidden, hidden, dtype=dtype)
     with torch.no_grad():
         fc.weight.zero_()

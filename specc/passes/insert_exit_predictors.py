@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import add_placeholder, layer_index, module_path, output_node, placeholder
+from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
@@ -121,7 +121,7 @@ class InsertExitPredictors(GraphPass):
         candidates = declare_input(add_placeholder(graph, self.config.candidates_input), CANDIDATES_ROLE,
                                    "int64", ("q", self.config.candidates))
         generator = torch.Generator().manual_seed(self.config.seed)
-        dtype = _weight(gm, head.args[1].target).dtype
+        dtype = attribute(gm, head.args[1].target).dtype
         scores, added = [], []
         for layer in chosen:
             predictor = ExitPredictorMLP(self.config.candidates, self.config.hidden)
@@ -226,13 +226,6 @@ def _final_norm(graph: fx.Graph, head: fx.Node, last_layer: int) -> _FinalNorm:
         members.add(node)
         frontier += [a for a in node.all_input_nodes]
     return _FinalNorm(source, [n for n in graph.nodes if n in members])
-
-
-def _weight(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    try:
-        return gm.get_parameter(target)
-    except AttributeError:
-        return gm.get_buffer(target)
 
 
 def _seeded_init(module: torch.nn.Module, generator: torch.Generator) -> None:

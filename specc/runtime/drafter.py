@@ -34,7 +34,7 @@ class DraftBudget:
     leading chain of any other draft, `exact_chain`), for engines whose verification is
     exact for such rows only (`Backend.exact_rows`). Only the target graph's own calls are
     exact then: a drafter may not hand over logits it computed otherwise as the target's
-    (SpecEE's full-depth layer-by-layer steps round their own way in bfloat16)."""
+    (the same layers run segment by segment round their own way in bfloat16)."""
 
     max_depth: int
     max_nodes: int
