@@ -31,6 +31,34 @@ def tiny_config(family: str, **overrides):
     return classes[family](**{**_COMMON, **extra, **overrides})
 
 
+# The quirks real checkpoints of each family carry that matter for capture, masks, caches and
+# export: sliding windows shorter than a test prompt plus its generation, Llama-3 rope scaling,
+# Phi-3's fused projections with partial rotary, tied embeddings, Qwen3's q/k norms (always
+# there), and query/key-value head ratios other than 2: 4 (Llama-3, Mistral), 8 (multi-query),
+# 3 (Qwen3) and 1 (multi-head, as Phi-3-mini has).
+QUIRKS: dict[str, dict] = {
+    "llama": dict(num_attention_heads=8, num_key_value_heads=2,
+                  rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "mistral": dict(sliding_window=6, num_attention_heads=8, num_key_value_heads=2),
+    "qwen2": dict(use_sliding_window=True, sliding_window=6, max_window_layers=0, num_attention_heads=8,
+                  num_key_value_heads=1, tie_word_embeddings=True),
+    "qwen3": dict(num_attention_heads=6, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "phi3": dict(sliding_window=6, num_key_value_heads=4,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+}
+
+
+def quirky_config(family: str, **overrides):
+    """`tiny_config` with the quirks real checkpoints of `family` carry (`QUIRKS`)."""
+    return tiny_config(family, **{**QUIRKS[family], **overrides})
+
+
+def build_quirky_checkpoint(family: str, directory: Path, seed: int = 0, **overrides) -> Path:
+    """`build_tiny_checkpoint` of `family` with its real checkpoints' quirks (`QUIRKS`)."""
+    return build_tiny_checkpoint(family, directory, seed=seed, **{**QUIRKS[family], **overrides})
+
+
 def build_tiny_checkpoint(family: str, directory: Path, seed: int = 0, noise_from: Path | None = None,
                           noise: float = 0.0, **overrides) -> Path:
     """Write a seeded random model of `family` plus a word-level tokenizer.

@@ -80,4 +80,13 @@ def _active_sliding_window(config) -> int | None:
     # qwen2/qwen3 carry a window but only use it when this flag is on.
     if hasattr(config, "use_sliding_window") and not config.use_sliding_window:
         return None
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    if len(layer_types) > 1:
+        # Every attention call reads the one mask input the runtime builds (insert_attention_mask).
+        raise UsageError(f"this {config.model_type} checkpoint mixes attention kinds across layers "
+                         f"({', '.join(sorted(layer_types))}; e.g. max_window_layers="
+                         f"{getattr(config, 'max_window_layers', '?')}): specc feeds every layer one attention "
+                         f"mask, so it serves only checkpoints whose layers all attend alike")
+    if layer_types == {"full_attention"}:
+        return None
     return int(window)

@@ -108,6 +108,7 @@ def export_onnx(target: LoweringTarget, artifacts: Path) -> list[str]:
     start = time.perf_counter()
     rewritten = expose_cache_writes(target.module, target.signature)
     check_exportable_ops(rewritten.module)
+    drop_needless_gqa(rewritten.module, target.sizes["kv_heads"])
     output_names = [*target.signature.output_names,
                     *(target.signature.inputs[r.cache_input].name + ROWS_SUFFIX for r in rewritten.cache_rows)]
     path = artifacts / onnx_file_name(target.name)
@@ -141,6 +142,19 @@ def check_exportable_ops(module: fx.GraphModule) -> None:
         raise SpeccError(f"graph node {node.name} calls custom operator {op.name()}, which has no ONNX "
                          f"translation; register one in specc.lower.onnx.ONNX_TRANSLATIONS or choose "
                          f"another backend")
+
+
+def drop_needless_gqa(module: fx.GraphModule, kv_heads: int) -> None:
+    """Clear `enable_gqa` on attention calls whose query and key have as many heads: Hugging Face
+    sets it for every model, and the exporter's translation asserts fewer key heads under it
+    (multi-head checkpoints, such as Qwen2 with as many key/value heads as query heads)."""
+    for node in module.graph.nodes:
+        if node.target is not torch.ops.aten.scaled_dot_product_attention.default or not node.kwargs.get("enable_gqa"):
+            continue
+        query = node.args[0].meta.get("val")
+        if query is not None and query.shape[1] == kv_heads:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "enable_gqa"}
+    module.recompile()
 
 
 def _check_dtype_runs_here(dtype: torch.dtype) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.masks import causal_chunk_mask
+from specc.runtime.masks import apply_sliding_window, causal_chunk_mask
 
 
-def decoding_inputs(tokens: torch.Tensor) -> tuple:
-    """tokens [1, T], positions [1, T], a causal mask and cache slots 0..T-1."""
+def decoding_inputs(tokens: torch.Tensor, sliding_window: int | None) -> tuple:
+    """tokens [1, T], positions [1, T], a causal mask (within the architecture's sliding
+    window, as the engine's steps see it) and cache slots 0..T-1."""
     positions = torch.arange(tokens.numel())
-    return tokens[None], positions[None], causal_chunk_mask(0, tokens.numel()), positions
+    return tokens[None], positions[None], apply_sliding_window(causal_chunk_mask(0, tokens.numel()), positions,
+                                                               sliding_window), positions
 
 
 def empty_caches(arch, layers: int, length: int, dtype) -> list[torch.Tensor]:

@@ -156,7 +156,7 @@ class _Teacher:
 
     def __call__(self, window: torch.Tensor) -> Window:
         length = window.numel()
-        tokens, positions, mask, slots = decoding_inputs(window)
+        tokens, positions, mask, slots = decoding_inputs(window, self.arch.sliding_window)
         rows = torch.arange(length)[None]
         values = {"tokens": tokens, "positions": positions, "attention_mask": mask, "cache_slots": slots,
                   PSEUDO_SOURCE_ROLE: rows, PSEUDO_STEP_ROLE: torch.zeros_like(rows)}

@@ -95,7 +95,7 @@ def _teacher(shallow, deep, arch, dtype, top_k: int, to_student):
     """tokens → (the target's top-k next-token probabilities in the draft head's
     index space, (tokens, the exit states [1, T, H]))."""
     def teach(tokens: torch.Tensor):
-        inputs = decoding_inputs(tokens)
+        inputs = decoding_inputs(tokens, arch.sliding_window)
         caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype)
         (exits,) = shallow(*inputs, *caches)
         (logits,) = deep(*inputs, *caches, exits)
@@ -107,6 +107,6 @@ def _student(adapter, arch, dtype):
     """(tokens, exit states) → the adapter's logits [T, V], its cache starting empty."""
     def predict(lesson) -> torch.Tensor:
         tokens, exits = lesson
-        (logits,) = adapter(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), exits)
+        (logits,) = adapter(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, 1, tokens.numel(), dtype), exits)
         return logits[0]
     return predict

@@ -166,7 +166,7 @@ def _teacher(target, arch, dtype, top_k: int):
     Every layer's K/V is kept so that any candidate block's draft can read its kept ones."""
     def teach(window: torch.Tensor):
         caches = empty_caches(arch, arch.num_layers, window.numel(), dtype)
-        (logits,) = target(*decoding_inputs(window), *caches)
+        (logits,) = target(*decoding_inputs(window, arch.sliding_window), *caches)
         kv = [cache[:, :, : window.numel()].clone() for cache in caches]
         return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k), (window, kv)
     return teach

@@ -29,6 +29,8 @@ import torch.fx as fx
 
 from specc.errors import SpeccError
 from specc.graph.nodes import output_node
+from specc.graph.signature import read_signature
+from specc.runtime.masks import apply_sliding_window
 
 aten = torch.ops.aten
 
@@ -54,12 +56,17 @@ Decide = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 class LayerwiseForward:
     def __init__(self, gm: fx.GraphModule, lower: Callable[[fx.GraphModule], Callable], kv_policy: str,
-                 mask_input: str = "attn_mask"):
+                 sliding_window: int | None, mask_input: str = "attn_mask"):
+        """`sliding_window`: the architecture's; every step's mask hides the keys it puts out of
+        reach, as `CachedModel` does for whole-graph calls."""
         self.kv_policy = kv_policy
+        self.sliding_window = sliding_window
         nodes = list(gm.graph.nodes)
         self._inputs = [n for n in nodes if n.op == "placeholder"]
         self._attributes = {n: operator.attrgetter(n.target)(gm) for n in nodes if n.op == "get_attr"}
         self._mask = next((n for n in self._inputs if n.target == mask_input), None)
+        roles = read_signature(gm).inputs
+        self._positions = next(n for n, spec in zip(self._inputs, roles) if spec.role == "positions")
         outputs = output_node(gm.graph).args[0]
         self.prologue, self.layers, self.epilogue = _stages(nodes, set(outputs[1:]) if isinstance(outputs, (tuple, list)) else set())
         self.num_layers = len(self.layers)
@@ -79,8 +86,7 @@ class LayerwiseForward:
         """Every segment in order; after layer i, `decide(i, score, hidden)` may return the
         exit logits. `layer_masks(i, mask)` gives layer i's attention mask (the `mask` policy);
         `watch(i, hidden)` sees every layer's output (calibration)."""
-        env: dict[fx.Node, object] = dict(self._attributes)
-        env.update(zip(self._inputs, inputs))
+        env = self._bind(inputs)
         self._run_stage(self.prologue, env, None)
         for i, stage in enumerate(self.layers):
             self._run_stage(stage, env, layer_masks(i, env[self._mask]) if layer_masks else None)
@@ -99,8 +105,7 @@ class LayerwiseForward:
 
     def head(self, hidden: torch.Tensor, inputs: tuple) -> torch.Tensor:
         """The epilogue (final norm, LM head) on any layer's hidden state: the guard's full logits."""
-        env: dict[fx.Node, object] = dict(self._attributes)
-        env.update(zip(self._inputs, inputs))
+        env = self._bind(inputs)
         args = list(fx.node.map_arg(self.epilogue.call.args, lambda n: env.get(n)))
         args[self.epilogue.hidden_arg] = hidden
         return self._segments[self.epilogue.call.target](*args)
@@ -108,9 +113,16 @@ class LayerwiseForward:
     def begin(self, inputs: tuple) -> dict:
         """The prologue on `inputs`: the environment `layer` steps (rows may change between layers:
         begin again with the remaining rows' inputs and pass their hidden state to `layer`)."""
+        env = self._bind(inputs)
+        self._run_stage(self.prologue, env, None)
+        return env
+
+    def _bind(self, inputs: tuple) -> dict:
+        """The environment a run starts from: the weights and `inputs`, the mask windowed."""
         env: dict[fx.Node, object] = dict(self._attributes)
         env.update(zip(self._inputs, inputs))
-        self._run_stage(self.prologue, env, None)
+        if self._mask is not None:
+            env[self._mask] = apply_sliding_window(env[self._mask], env[self._positions], self.sliding_window)
         return env
 
     def layer(self, env: dict, i: int, hidden: torch.Tensor | None = None,

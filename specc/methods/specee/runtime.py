@@ -59,7 +59,8 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
 
 
 def build_early_exit(ctx: MethodContext, config: SpecEEConfig, full: CachedModel) -> EarlyExit:
-    layerwise = LayerwiseForward(ctx.modules["layerwise"], ctx.lower_segment, config.resolved_kv_policy)
+    layerwise = LayerwiseForward(ctx.modules["layerwise"], ctx.lower_segment, config.resolved_kv_policy,
+                                 full.architecture.sliding_window)
     head = DraftHead(ctx.model("draft_head"), vocabulary_from_state(ctx.state, ctx.device), config.candidates)
     schedule_state = ctx.state.get(SCHEDULE_KEY) or {}
     offline = tuple(schedule_state.get("offline", layerwise.scored_layers))

@@ -72,7 +72,7 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
         state["draft_head_training"] = report.to_json()
     vocab_ids = None if vocabulary is None else torch.tensor(vocabulary)
     layerwise_gm = program.graphs["layerwise"].module
-    layerwise = LayerwiseForward(layerwise_gm, lambda segment: segment, "propagate")
+    layerwise = LayerwiseForward(layerwise_gm, lambda segment: segment, "propagate", arch.sliding_window)
     start = time.perf_counter()
     def collect(chosen, scored, what: str) -> _Samples:
         return _collect(layerwise, head, teacher, chosen, arch, dtype, config.candidates, vocab_ids,
@@ -125,7 +125,7 @@ def _head_parameters(head: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def _teacher(verify, arch, dtype, top_k: int, to_student):
     """tokens → (the target's top-k next-token probabilities, (tokens, previous-token features))."""
     def teach(tokens: torch.Tensor):
-        logits, features = verify(*decoding_inputs(tokens), *empty_caches(arch, arch.num_layers, tokens.numel(), dtype))
+        logits, features = verify(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, arch.num_layers, tokens.numel(), dtype))
         shifted = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
         probs = torch.softmax(logits[0].float(), dim=-1)
         return sparse_target(probs, top_k, to_student), (tokens, shifted, logits[0].argmax(-1))
@@ -135,7 +135,7 @@ def _teacher(verify, arch, dtype, top_k: int, to_student):
 def _student(head, arch, dtype):
     def predict(lesson) -> torch.Tensor:
         tokens, features, _ = lesson
-        logits = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
+        logits = head(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
         return logits[0]
     return predict
 
@@ -166,11 +166,11 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
         keep = slice(None) if scored is None else scored[index]
         with torch.no_grad():
             _, (_, features, final) = teacher(tokens)
-            head_logits = head(*decoding_inputs(tokens), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
+            head_logits = head(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, 1, tokens.numel(), dtype), features)[0]
             candidates = head_logits[0].topk(k, dim=-1).indices
             if vocab_ids is not None:
                 candidates = vocab_ids[candidates]
-            inputs = (*decoding_inputs(tokens), *empty_caches(arch, arch.num_layers, tokens.numel(), dtype), candidates)
+            inputs = (*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, arch.num_layers, tokens.numel(), dtype), candidates)
             hidden: dict[int, torch.Tensor] = {}
             layerwise.run(inputs, watch=lambda i, h: hidden.__setitem__(i, h))
             reduced_below = None
