@@ -1,6 +1,6 @@
 """Benchmark every registered method on a reference model.
 
-    python benchmarks/run_all.py [--model-spec small] [--quick] [--update-readme]
+    python benchmarks/run_all.py [--model-spec small] [--quick] [--update-results]
 
 Builds (or reuses from the cache) the reference model, compiles every method
 in the registry that it can, runs `specc bench` on each against the same
@@ -11,9 +11,10 @@ sibling here, so its draft is a checkpoint you pass with `--draft` (e.g. one
 written by `specc distill-draft`). `--quick` uses the tiny model as target and
 a few short prompts, for a run of a couple of minutes.
 
-With --update-readme, the table replaces whatever README.md holds between
-the markers <!-- bench:begin --> and <!-- bench:end --> (nothing is written
-if either marker is missing).
+With --update-results, every committed suite's table replaces whatever
+benchmarks/RESULTS.md holds between the markers <!-- bench:begin --> and
+<!-- bench:end --> (nothing is written if either marker is missing). How to
+run the suites: benchmarks/README.md; what the results mean: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ENGINES = REPO / "build" / "bench-engines"
 DRAFT_SPEC = "tiny"
-README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+RESULTS_PAGE = REPO / "benchmarks" / "RESULTS.md"
+RESULTS_BEGIN, RESULTS_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 SUITE_SCHEMA = "specc-bench-suite/1"
 
 
@@ -59,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="benchmark the engines an earlier suite compiled (build/bench-engines/VARIANT, e.g. "
                              "smollm2-135m-onnx) instead of compiling: the same engines on another prompt set")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
-    parser.add_argument("--update-readme", action="store_true",
-                        help="rewrite README.md between the bench markers with the table")
+    parser.add_argument("--update-results", action="store_true",
+                        help="rewrite benchmarks/RESULTS.md between the bench markers with every committed table")
     args = parser.parse_args(argv)
     if args.quick:
         args.model_spec = "tiny"
@@ -134,8 +136,8 @@ def run_suite(args: argparse.Namespace) -> int:
     (args.results_dir / f"{stem}.md").write_text(table)
     print(f"\nwrote {args.results_dir / stem}.json and .md", file=sys.stderr)
     print(table)
-    if args.update_readme:
-        update_readme(REPO / "README.md", readme_section(args.results_dir))
+    if args.update_results:
+        update_results(RESULTS_PAGE, results_section(args.results_dir))
     return 1 if any(r["status"] == "failed" for r in results.values()) else 0
 
 
@@ -164,7 +166,7 @@ def results_stem(suite: dict) -> str:
             f"{variant_name(suite['model_spec'], settings['backend'], settings.get('tag'), _dtype(settings))}")
 
 
-def readme_section(results_dir: Path) -> str:
+def results_section(results_dir: Path) -> str:
     """Every committed suite's table, by device, then model size (smallest first), then backend."""
     from specc.refmodels import REFERENCE_MODELS
     from specc.refmodels.fetch import FETCHABLE_MODELS
@@ -174,7 +176,7 @@ def readme_section(results_dir: Path) -> str:
     suites = [s for s in suites if s.get("schema") == SUITE_SCHEMA]
     suites.sort(key=lambda s: (s["device"], order.index(s["model_spec"]) if s["model_spec"] in order else len(order),
                                s["settings"]["backend"], s["settings"].get("tag") or ""))
-    header = "Committed results (`benchmarks/results/`; rerun with `python benchmarks/run_all.py --update-readme`):"
+    header = "Committed results (`benchmarks/results/`; rerun with `python benchmarks/run_all.py --update-results`):"
     return "\n".join([header] + ["\n" + markdown_table(s) for s in suites]) + "\n"
 
 
@@ -301,10 +303,10 @@ def markdown_table(suite: dict) -> str:
     dtype = _dtype(settings)
     dtype_label, dtype_flag = ("", "") if dtype == "float32" else (f", {dtype}", f" --dtype {dtype}")
     lines = [
-        f"**{suite['model_spec']}, {settings['backend']}{dtype_label}, {suite['device']}{variant}.** "
+        f"**{suite['model_spec']}, {settings['backend']}{dtype_label}, {suite['device']}{variant}.**",
         f"Device `{suite['device']}`, model `{suite['model_spec']}`, backend {settings['backend']}{dtype_label}; "
         f"prompts `{settings['prompts']}` x{settings['num_prompts']}, {settings['max_new_tokens']} new tokens, "
-        f"greedy, batch 1; median of {settings['repeats']} interleaved repeats "
+        f"greedy, batch 1; median of {settings['repeats']} interleaved repeats",
         f"(`python benchmarks/run_all.py --model-spec {suite['model_spec']}"
         f"{'' if settings['backend'] == 'eager' else ' --backend ' + settings['backend']}"
         + dtype_flag
@@ -370,18 +372,18 @@ def _baseline_line(suite: dict) -> str | None:
     return "Baseline tok/s (from the first method's run): " + ", ".join(parts) + "."
 
 
-def update_readme(readme: Path, table: str) -> bool:
-    """Replace the text between the bench markers; leave README alone without them."""
-    if not readme.is_file():
-        print(f"{readme} does not exist; not updated", file=sys.stderr)
+def update_results(page: Path, table: str) -> bool:
+    """Replace the text between the bench markers; leave the page alone without them."""
+    if not page.is_file():
+        print(f"{page} does not exist; not updated", file=sys.stderr)
         return False
-    text = readme.read_text()
-    begin, end = text.find(README_BEGIN), text.find(README_END)
+    text = page.read_text()
+    begin, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
     if begin < 0 or end < begin:
-        print(f"{readme} has no {README_BEGIN} ... {README_END} section; not updated", file=sys.stderr)
+        print(f"{page} has no {RESULTS_BEGIN} ... {RESULTS_END} section; not updated", file=sys.stderr)
         return False
-    readme.write_text(text[: begin + len(README_BEGIN)] + "\n" + table + text[end:])
-    print(f"updated the benchmark table in {readme}", file=sys.stderr)
+    page.write_text(text[: begin + len(RESULTS_BEGIN)] + "\n" + table + text[end:])
+    print(f"updated the benchmark tables in {page}", file=sys.stderr)
     return True
 
 

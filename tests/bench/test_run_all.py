@@ -1,4 +1,4 @@
-"""benchmarks/run_all.py: the markdown table, the README section, the draft check."""
+"""benchmarks/run_all.py: the markdown table, the RESULTS.md section, the draft check."""
 
 from __future__ import annotations
 
@@ -52,24 +52,43 @@ def test_markdown_table(run_all):
     assert "--quick" in table and "HF generate, greedy 10.0" in table
 
 
-def test_readme_section_is_replaced_only_between_markers(run_all, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- bench:begin -->\nold table\n<!-- bench:end -->\noutro\n")
-    assert run_all.update_readme(readme, "| new |\n")
-    assert readme.read_text() == "intro\n<!-- bench:begin -->\n| new |\n<!-- bench:end -->\noutro\n"
-    readme.write_text("no markers here\n")
-    assert not run_all.update_readme(readme, "| new |\n")
-    assert readme.read_text() == "no markers here\n"
-    assert not run_all.update_readme(tmp_path / "missing.md", "x")
+def test_results_section_is_replaced_only_between_markers(run_all, tmp_path):
+    page = tmp_path / "RESULTS.md"
+    page.write_text("intro\n<!-- bench:begin -->\nold table\n<!-- bench:end -->\noutro\n")
+    assert run_all.update_results(page, "| new |\n")
+    assert page.read_text() == "intro\n<!-- bench:begin -->\n| new |\n<!-- bench:end -->\noutro\n"
+    page.write_text("no markers here\n")
+    assert not run_all.update_results(page, "| new |\n")
+    assert page.read_text() == "no markers here\n"
+    assert not run_all.update_results(tmp_path / "missing.md", "x")
 
 
-def test_readme_section_orders_every_committed_suite(run_all, tmp_path):
+def test_update_results_writes_benchmarks_results_md_not_the_readme(run_all):
+    assert run_all.RESULTS_PAGE == run_all.REPO / "benchmarks" / "RESULTS.md"
+    assert run_all.parse_args(["--update-results"]).update_results
+    with pytest.raises(SystemExit):
+        run_all.parse_args(["--update-readme"])
+    text = run_all.RESULTS_PAGE.read_text()
+    assert 0 <= text.find(run_all.RESULTS_BEGIN) < text.find(run_all.RESULTS_END), \
+        "RESULTS.md keeps the markers around the generated tables"
+    assert run_all.RESULTS_BEGIN not in (run_all.REPO / "README.md").read_text()
+
+
+def test_no_generated_line_is_longer_than_400_characters(run_all):
+    suite = _suite()
+    suite["settings"].update(quick=False, tag="distilled-draft-v8k-code", methods="none,draft-model",
+                             draft="build/drafts/smollm2-l4", engines_from="smollm2-135m-aoti-code",
+                             method_settings={"draft-model": ["draft_vocab_size=8192", "stop_threshold=0.6"]})
+    assert max(map(len, run_all.markdown_table(suite).splitlines())) <= 400
+
+
+def test_results_section_orders_every_committed_suite(run_all, tmp_path):
     for spec, backend in (("tiny", "eager"), ("small", "inductor"), ("small", "eager")):
         suite = _suite() | {"model_spec": spec, "schema": run_all.SUITE_SCHEMA}
         suite["settings"] = suite["settings"] | {"backend": backend, "quick": False}
         (tmp_path / f"{run_all.results_stem(suite)}.json").write_text(json.dumps(suite))
     (tmp_path / "other.json").write_text("{}")
-    section = run_all.readme_section(tmp_path)
+    section = run_all.results_section(tmp_path)
     headers = [line.split(".**")[0] for line in section.splitlines() if line.startswith("**")]
     assert headers == ["**tiny, eager, cpu-test", "**small, eager, cpu-test", "**small, inductor, cpu-test"]
     assert "--model-spec small --backend inductor --num-prompts 4 --max-new-tokens 32`" in section
