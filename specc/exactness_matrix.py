@@ -57,13 +57,15 @@ class CellResult:
     status: str                  # identical | differs | refused | error
     detail: str = ""             # first difference, refusal reason or error
     seconds: float = 0.0
+    drafted: int = 0             # draft tokens the engine proposed over all prompts
+    accepted: int = 0            # of which the target accepted
 
     @property
     def passed(self) -> bool:
         return self.status in ("identical", "refused")
 
     def mark(self) -> str:
-        return {"identical": "✓", "differs": f"✗ {self.detail}", "refused": f"refused: {self.detail}",
+        return {"identical": f"✓ ({self.accepted}/{self.drafted} accepted)", "differs": f"✗ {self.detail}", "refused": f"refused: {self.detail}",
                 "error": f"error: {self.detail}"}[self.status]
 
 
@@ -112,8 +114,9 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
     return load_engine(output)
 
 
-def decode(engine) -> list[list[int]]:
-    return [engine.generate_ids(ids, MAX_NEW_TOKENS).token_ids for ids in prompts()]
+def decode(engine) -> list:
+    """The engine's greedy generation (`GenerationResult`) for every matrix prompt."""
+    return [engine.generate_ids(ids, MAX_NEW_TOKENS) for ids in prompts()]
 
 
 def reference(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: dict) -> list[list[int]]:
@@ -127,7 +130,8 @@ def reference(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: 
             cache[key] = hf_greedy(checkpoints(cell.family)[0], prompts(), MAX_NEW_TOKENS)
         else:
             none = Cell("none", cell.family, cell.backend, cell.dtype)
-            cache[key] = decode(compile_cell(none, checkpoints, workdir / f"{none.label}-reference"))
+            engine = compile_cell(none, checkpoints, workdir / f"{none.label}-reference")
+            cache[key] = [result.token_ids for result in decode(engine)]
     return cache[key]
 
 
@@ -144,8 +148,8 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
     """Compile, decode and compare one cell; a refusal or a crash is a result, not an exception."""
     start = time.perf_counter()
 
-    def result(status: str, detail: str = "") -> CellResult:
-        return CellResult(cell, status, detail, time.perf_counter() - start)
+    def result(status: str, detail: str = "", drafted: int = 0, accepted: int = 0) -> CellResult:
+        return CellResult(cell, status, detail, time.perf_counter() - start, drafted, accepted)
 
     try:
         want = reference(cell, checkpoints, workdir, cache)
@@ -154,5 +158,8 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
         return result("refused", str(refusal))
     except Exception as error:   # a late crash is a failed cell, reported with its type
         return result("error", f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}")
-    difference = first_difference(decode(engine), want)
-    return result("differs", difference) if difference else result("identical")
+    generated = decode(engine)
+    difference = first_difference([g.token_ids for g in generated], want)
+    drafted = sum(g.stats.drafted_tokens for g in generated)
+    accepted = sum(g.stats.accepted_tokens for g in generated)
+    return result("differs" if difference else "identical", difference, drafted, accepted)

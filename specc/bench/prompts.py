@@ -21,17 +21,16 @@ Sets with several categories are ordered round-robin across categories, so
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from itertools import chain, zip_longest
 from pathlib import Path
 
 from specc.errors import UsageError
+from specc.shared_data import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
 
 DEFAULT_GENERATED_PROMPTS = 16
 CODE_PROMPT_CHARS = 512
 TEXT_PROMPT_CHARS = 512
-SHARED_DATA_ENV = "SPECC_SHARED_DATA"
 _SHARED_FILES = {"spec_bench": ("spec_bench", "question.jsonl"), "gsm8k": ("gsm8k", "test.jsonl")}
 _TEXT_FIELDS = ("prompt", "text", "turns")
 PROMPT_SET_NAMES = ("code", "text", *_SHARED_FILES)   # everything else must be a file
@@ -54,16 +53,6 @@ class PromptSet:
     @property
     def categories(self) -> list[str]:
         return list(dict.fromkeys(p.category for p in self.prompts))
-
-
-def shared_data_dir() -> Path:
-    """`../shared/data` beside the checkout, or `$SPECC_SHARED_DATA`."""
-    override = os.environ.get(SHARED_DATA_ENV)
-    if override:
-        return Path(override)
-    import specc
-
-    return Path(specc.__file__).resolve().parents[2] / "shared" / "data"
 
 
 def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:

@@ -18,19 +18,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from specc.errors import SpeccError, UsageError
+from specc.shared_data import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
 CORPUS_KINDS = ("code", "text")
 HELDOUT_PERCENT = 5
-SHARED_DATA_ENV = "SPECC_SHARED_DATA"
 
 # Generated or machine-specific modules (codec tables, pydoc topic dumps, build
 # variables) and test suites full of deliberately odd code; none of it is
@@ -114,15 +113,6 @@ def select_corpus(
 
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
-
-
-def shared_data_dir() -> Path:
-    override = os.environ.get(SHARED_DATA_ENV)
-    if override:
-        return Path(override)
-    import specc
-
-    return Path(specc.__file__).resolve().parents[2] / "shared" / "data"
 
 
 def load_corpus(kind: str) -> Corpus:

@@ -45,7 +45,8 @@ def test_eager_matches_hf_greedy(checkpoints, tmp_path, family, variant):
         assert all(r.stats.mean_accepted_length == 1.0 for r in results)
 
 
-@pytest.mark.parametrize("variant", ["none", "draft-tree"])
+# `none` under Inductor on every family: the exactness matrix (tests/matrix), on quirkier checkpoints.
+@pytest.mark.parametrize("variant", ["draft-tree"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_inductor_matches_hf_greedy(checkpoints, tmp_path, family, variant):
     engine, target = compile_variant(checkpoints, tmp_path, family, variant, "inductor")

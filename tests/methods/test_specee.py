@@ -23,7 +23,7 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, varied_prompts)
+                           exact_marginals, sample_calibration_text, varied_prompts)
 from specc.threads import torch_threads
 
 MAX_SEQ_LEN = 96
@@ -154,8 +154,12 @@ def test_the_online_schedule_adds_a_window_around_recent_exits():
 @pytest.fixture(scope="module")
 def engine(checkpoints, tmp_path_factory):
     target = checkpoints("llama")[0]
-    out = tmp_path_factory.mktemp("specee-engine") / "engine"
-    settings = [f"{k}={v}" for k, v in TRAIN.items()]
+    root = tmp_path_factory.mktemp("specee-engine")
+    out = root / "engine"
+    # Text the target samples, not the built-in corpus: its size (and so the window count the
+    # schedule assertion counts on) must not depend on whether ../shared/data is beside the clone.
+    calib = sample_calibration_text(target, root / "calib.txt", sequences=32)
+    settings = [f"{k}={v}" for k, v in TRAIN.items()] + [f"calib_data={calib}"]
     compile_engine(CompileRequest(model=str(target), method="specee", output=out, max_seq_len=MAX_SEQ_LEN,
                                   settings=settings))
     return load_engine(out), target

@@ -1,0 +1,67 @@
+"""The exactness matrix (`specc.exactness_matrix`): lossless engines on quirky tiny checkpoints
+are token-identical to Hugging Face greedy in float32 and to the bfloat16 `none` engine in
+bfloat16, or refused at compile time with a reason.
+
+Fast by default: every method on two quirky families in eager (each with Mistral's sliding
+window, the quirk that broke SpecEE), and `none` on every family under inductor and onnx.
+`-m slow` runs the whole matrix: every method × family × backend in float32, and every
+method × backend in bfloat16 on one family. `benchmarks/matrix.py` prints it as a table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specc.exactness_matrix import BACKENDS, Cell, QuirkyCheckpoints, run_cell
+from specc.testing import FAMILIES
+
+METHODS = ("none", "draft-model", "prompt-lookup", "kangaroo", "firp", "s3d", "swift", "specee")
+# Each method's second family: together they cover every family's quirks.
+PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3")))
+BFLOAT16_FAMILY = "llama"
+# Refusals the matrix expects, each with the words its reason must contain.
+REFUSALS = {
+    ("onnx", "bfloat16"): "no bfloat16 kernels on the CPU",
+}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, prompt_lookup_method):
+    checkpoints = QuirkyCheckpoints(tmp_path_factory.mktemp("quirky"))
+    workdir = tmp_path_factory.mktemp("cells")
+    cache: dict = {}
+    return lambda cell: run_cell(cell, checkpoints, workdir, cache)
+
+
+def assert_exact(result) -> None:
+    expected_refusal = REFUSALS.get((result.cell.backend, result.cell.dtype))
+    if expected_refusal is not None:
+        assert result.status == "refused" and expected_refusal in result.detail, result.mark()
+        return
+    assert result.status == "identical", f"{result.cell.label}: {result.mark()}"
+    if result.cell.method != "none":   # identical without speculation would prove nothing
+        assert 0 < result.accepted < result.drafted, f"{result.cell.label}: {result.mark()}"
+
+
+def fast_cells() -> list[Cell]:
+    methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m])]
+    backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in FAMILIES]
+    return methods + backends
+
+
+def slow_cells() -> list[Cell]:
+    fast = set(fast_cells())
+    float32 = [Cell(m, f, b) for b in BACKENDS for m in METHODS for f in FAMILIES]
+    bfloat16 = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16") for b in BACKENDS for m in METHODS if m != "none"]
+    return [c for c in float32 + bfloat16 if c not in fast]
+
+
+@pytest.mark.parametrize("cell", fast_cells(), ids=lambda c: c.label)
+def test_fast_cell(matrix, cell):
+    assert_exact(matrix(cell))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", slow_cells(), ids=lambda c: c.label)
+def test_slow_cell(matrix, cell):
+    assert_exact(matrix(cell))
