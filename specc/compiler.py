@@ -12,7 +12,8 @@ import torch
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
-from specc.errors import UsageError
+from specc.errors import SpeccError, UsageError
+from specc.graph.nodes import attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
@@ -68,21 +69,30 @@ def compile_engine(request: CompileRequest) -> dict:
     method, backend, config, checkpoint = validate(request)
     progress = StageReporter(request.show_progress)
     with progress.stage("loading checkpoint"):
-        models = {TARGET: load_model(checkpoint, request.dtype)}
-        for source in method.extra_sources:
-            models[source.name] = load_model(resolve_checkpoint(getattr(config, source.config_field)),
-                                             request.dtype)
-            if source.same_vocabulary:
-                _check_same_vocabulary(source.name, models[TARGET], models[source.name])
+        models = _load_sources(method, config, checkpoint, request.dtype)
         tokenizer = load_tokenizer(checkpoint)
-    with progress.stage("capturing with torch.export and running passes"):
-        program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels)
-    method_state = {}
+    captures: dict = {}
+    method_state, trained_weights, training = {}, {}, None
     if method.train is not None:
+        train_dtype = training_dtype(request.dtype)
+        if train_dtype == request.dtype:
+            train_models, train_captures = models, captures
+        else:
+            with progress.stage(f"loading a {train_dtype} copy to train in"):
+                train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
+        with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
+            training_program = build_program(train_models, method, config, request.max_seq_len,
+                                              kernels=request.kernels, captures=train_captures)
+        training_start = time.perf_counter()
         with progress.stage(f"training/calibrating {method.name}", own_line=True):
-            trained = method.train(program, config, tokenizer)
-            program.added_weights, method_state = trained.weights, trained.state
-            config = trained.config or config
+            trained = method.train(training_program, config, tokenizer)
+        training = {"seconds": round(time.perf_counter() - training_start, 3), "dtype": train_dtype}
+        config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
+        del training_program, train_models, train_captures
+    with progress.stage("capturing with torch.export and running passes"):
+        program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
+                                captures=captures, state=method_state if method.train is not None else None)
+        program.added_weights = install_weights(program, trained_weights)
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
@@ -104,17 +114,38 @@ def compile_engine(request: CompileRequest) -> dict:
             **({"kernels": kernels} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
+            **({"training": training} if training else {}),
             **tables,
         }
         write_manifest(staging, report)
     return report
 
 
-def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False) -> SpeculativeProgram:
-    """Capture each source model once; every named graph rewrites its own copy of the capture
-    (then, with `kernels`, swaps its attention for specc's kernel: `use_kernels`, the last pass)."""
+def training_dtype(engine_dtype: str) -> str:
+    """The dtype compile-time training runs in: float32 for reduced-precision engines, as
+    their eager matrix products on the CPU are several times slower (bfloat16 without AMX);
+    the trained parameters are cast to the engine's dtype when they are installed."""
+    return "float32" if engine_dtype in ("bfloat16", "float16") else engine_dtype
+
+
+def _load_sources(method, config, checkpoint, dtype: str) -> dict:
+    """The target and every extra source model of `method`, loaded in `dtype`."""
+    models = {TARGET: load_model(checkpoint, dtype)}
+    for source in method.extra_sources:
+        models[source.name] = load_model(resolve_checkpoint(getattr(config, source.config_field)), dtype)
+        if source.same_vocabulary:
+            _check_same_vocabulary(source.name, models[TARGET], models[source.name])
+    return models
+
+
+def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
+                  captures: dict | None = None, state: dict | None = None) -> SpeculativeProgram:
+    """Capture each source model once (into `captures`, reused across calls); every named graph
+    rewrites its own copy of the capture with its recipe's passes, then, given the method `state`
+    training produced, its `after_training` passes (then, with `kernels`, swaps its attention for
+    specc's kernel: `use_kernels`, the last pass). Every pass is recorded."""
     program = SpeculativeProgram()
-    captures = {}
+    captures = {} if captures is None else captures
     for name, recipe in method.graphs(config).items():
         if recipe.source not in models:
             raise UsageError(f"method {method.name!r} needs a {recipe.source!r} model")
@@ -122,11 +153,38 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captured = capture(models[recipe.source], max_seq_len)
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
-        passes = [*recipe.passes(config), *([UseKernels()] if kernels else [])]
+        later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
+        passes = [*recipe.passes(config), *later, *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
+
+
+def install_weights(program: SpeculativeProgram, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copy trained `weights` into every graph of `program` that holds a tensor of that name, in
+    that tensor's dtype; returns them as installed (the engine's added weights)."""
+    installed = {}
+    for name, value in weights.items():
+        holders = [graph.module for graph in program.graphs.values() if _has_tensor(graph.module, name)]
+        if not holders:
+            raise SpeccError(f"training produced {name!r}, which no graph of the program reads")
+        with torch.no_grad():
+            for module in holders:
+                tensor = attribute(module, name)
+                if tensor.shape != value.shape:
+                    raise SpeccError(f"trained {name!r} has shape {tuple(value.shape)}, the graph's "
+                                     f"{tuple(tensor.shape)}")
+                tensor.copy_(value)
+        installed[name] = attribute(holders[0], name).detach().clone()
+    return installed
+
+
+def _has_tensor(module: torch.nn.Module, name: str) -> bool:
+    try:
+        return isinstance(attribute(module, name), torch.Tensor)
+    except AttributeError:
+        return False
 
 
 def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,

@@ -335,9 +335,10 @@ def _compile(args) -> int:
     )
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}) ...", file=sys.stderr)
     report = compile_engine(request)
-    seconds = report["compile_seconds"]
-    print(f"wrote {args.output} in {seconds['total']:.1f}s"
-          + (f" ({report['backend']} packaging {seconds['lowering']:.1f}s)" if seconds["lowering"] else ""))
+    seconds, training = report["compile_seconds"], report.get("training")
+    parts = ([f"training {training['seconds']:.1f}s in {training['dtype']}"] if training else []) + (
+        [f"{report['backend']} packaging {seconds['lowering']:.1f}s"] if seconds["lowering"] else [])
+    print(f"wrote {args.output} in {seconds['total']:.1f}s" + (f" ({', '.join(parts)})" if parts else ""))
     return 0
 
 

@@ -35,10 +35,13 @@ TARGET = "target"   # the source name of the checkpoint being compiled
 @dataclass(frozen=True)
 class GraphRecipe:
     """One named graph of the speculative program: which source model it is
-    captured from (`TARGET` or an extra source) and the passes that rewrite it."""
+    captured from (`TARGET` or an extra source), the passes that rewrite it, and
+    the passes that depend on what compile-time training chose (`after_training`:
+    config and method state -> passes, run after `passes` once training is done)."""
 
     source: str
     passes: Callable[[MethodConfig], list["GraphPass"]]
+    after_training: Callable[[MethodConfig, dict], list["GraphPass"]] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,10 @@ class TrainResult:
     parameters by name (stored in `weights/added.safetensors`, read by the
     graphs that own them) and JSON-ready state for the manifest. A step that
     chooses hyper-parameters from measurements returns the config it chose
-    (the manifest records it and the runtime reads it) and replaces the
-    affected graphs itself (`SpeculativeProgram.replace_graph`)."""
+    (the manifest records it and the runtime reads it). Training runs on a
+    program of its own (float32 where the engine's dtype is slow to train in);
+    the engine's program is built afterwards from the returned config, with each
+    recipe's `after_training` passes, and the weights installed in its dtype."""
 
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     state: dict = field(default_factory=dict)

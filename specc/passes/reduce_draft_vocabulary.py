@@ -100,3 +100,11 @@ def _redeclare_logits(graph: fx.Graph, size: int) -> None:
     specs = [TensorSpec.from_json(spec) for spec in output.meta[OUTPUTS_META]]
     specs = [TensorSpec(s.name, s.role, s.dtype, (*s.shape[:-1], size)) if s.role == "logits" else s for s in specs]
     declare_outputs(graph, specs)
+
+
+def reduced_head_passes(token_ids: list[int] | None, module_name: str = DraftVocabularyConfig.module_name
+                        ) -> list[GraphPass]:
+    """The pass that cuts a draft graph's head to `token_ids` (the method state's draft
+    vocabulary), or none when compile-time training kept the whole head."""
+    return [] if token_ids is None else [ReduceDraftVocabulary(DraftVocabularyConfig(tuple(token_ids), module_name))]
+

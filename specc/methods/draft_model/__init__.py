@@ -15,6 +15,8 @@ from specc.methods.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDes
 from specc.methods.draft_model.config import DraftModelConfig
 from specc.methods.draft_model.drafter import DraftModelDrafter, build_runtime
 from specc.methods.infrastructure import infrastructure_passes
+from specc.passes.reduce_draft_vocabulary import reduced_head_passes
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 
 __all__ = ["METHOD", "DraftModelConfig", "DraftModelDrafter"]
 
@@ -40,7 +42,8 @@ METHOD = MethodDescriptor(
     config_class=DraftModelConfig,
     graphs=lambda config: {
         "target": GraphRecipe(TARGET, lambda c: infrastructure_passes()),
-        "draft": GraphRecipe("draft", lambda c: infrastructure_passes()),
+        "draft": GraphRecipe("draft", lambda c: infrastructure_passes(),
+                             after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY))),
     },
     build_runtime=build_runtime,
     train=_train,

@@ -26,6 +26,8 @@ from specc.methods.kangaroo.config import KangarooConfig
 from specc.methods.kangaroo.runtime import build_runtime
 from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHead
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
+from specc.passes.reduce_draft_vocabulary import reduced_head_passes
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 
 __all__ = ["METHOD", "KangarooConfig"]
 
@@ -39,7 +41,8 @@ def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
         "shallow": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(shallow)]),
         "deep": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
         "adapter": GraphRecipe(TARGET, lambda c: infrastructure_passes()
-                               + [ExposeLayerExit(deep), AttachAdapterHead(adapter)]),
+                               + [ExposeLayerExit(deep), AttachAdapterHead(adapter)],
+                               after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY))),
     }
 
 

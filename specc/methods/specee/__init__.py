@@ -27,11 +27,12 @@ from __future__ import annotations
 from specc.lower.backend import RUN_TIME_SEGMENTS
 from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
 from specc.methods.infrastructure import infrastructure_passes
-from specc.methods.specee.config import SpecEEConfig
+from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SpecEEConfig
 from specc.methods.specee.runtime import build_runtime
 from specc.passes.attach_draft_head import AttachDraftHead
 from specc.passes.expose_final_hidden import ExposeFinalHidden
 from specc.passes.insert_exit_predictors import ExitPredictorConfig, InsertExitPredictors
+from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.passes.segment_by_layer import SegmentByLayer
 
 __all__ = ["METHOD", "SpecEEConfig"]
@@ -43,7 +44,9 @@ def _graphs(config: SpecEEConfig) -> dict[str, GraphRecipe]:
         "layerwise": GraphRecipe(TARGET, lambda c: infrastructure_passes()
                                  + [InsertExitPredictors(_predictors(config)), SegmentByLayer()]),
         "draft_head": GraphRecipe(TARGET, lambda c: infrastructure_passes() + _head_features(config)
-                                  + [AttachDraftHead()]),
+                                  + [AttachDraftHead()],
+                                  after_training=lambda c, state: reduced_head_passes(
+                                      state.get(DRAFT_VOCABULARY_KEY), module_name=REDUCED_HEAD)),
     }
 
 

@@ -9,6 +9,7 @@ from specc.methods.config import MethodConfig, option
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
+REDUCED_HEAD = "draft_head_lm"   # the draft head graph's own LM head, when its vocabulary is reduced
 KV_POLICIES = ("auto", "propagate", "mask", "finish")
 SCHEDULE_KEY = "schedule"
 

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from specc.methods.descriptor import TrainResult
-from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, SCHEDULE_KEY, SpecEEConfig
+from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.passes.attach_draft_head import DraftHeadConfig
 from specc.passes.insert_exit_predictors import MODULE, apply_predictor, predictor_features, predictor_parameters
@@ -40,7 +40,6 @@ from specc.train.heap import releasing
 HEAD_MODULE = DraftHeadConfig().module_name
 CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.993,
                           0.995, 0.997, 0.998, 0.999, 0.9995, 0.9999)
-REDUCED_HEAD = "draft_head_lm"
 
 
 def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -> TrainResult:

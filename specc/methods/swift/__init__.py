@@ -47,8 +47,9 @@ from specc.methods.swift.search import describe_skip_set, odd_layers
 from specc.methods.swift.segments import SkippingForward
 from specc.passes.insert_skip_branches import InsertSkipBranches, skip_branches
 from specc.passes.manager import run_passes
+from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.passes.skip_sublayers import SkipSublayers, SkipSublayersConfig
-from specc.runtime.draft_logits import vocabulary_from_state
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY, vocabulary_from_state
 from specc.runtime.drafter import MethodRuntime
 from specc.train.reduce_draft_head import reduce_draft_head
 
@@ -81,8 +82,8 @@ def _run_eager(segment):
 
 def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
     graphs = {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
-    if config.draft_graph:   # the whole model until `_compile_state` cuts the stored set out of it
-        graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes())
+    if config.draft_graph:   # the target without the skip set compile-time calibration stored
+        graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes(), after_training=_draft_cut)
     return graphs
 
 
@@ -105,6 +106,13 @@ def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
     return TrainResult(weights=head.weights,
                        state={SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
                               "swift_calibration": calibration, **head.state})
+
+
+def _draft_cut(config: SwiftConfig, state: dict) -> list:
+    """The `draft` graph's passes once the skip set is known: its sublayers cut out, then the
+    head reduced to the calibrated vocabulary (when `draft_vocab_size` asks for it)."""
+    return ([SkipSublayers(SkipSublayersConfig(tuple(sorted(state[SKIP_SET_KEY]))))]
+            + reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY)))
 
 
 def _cut_draft_graph(program, skip: frozenset[str]) -> None:

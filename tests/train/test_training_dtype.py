@@ -1,0 +1,90 @@
+"""Compile-time training runs on a program of its own, in float32 for reduced-precision
+engines; the engine's program is built afterwards with every pass training's choices call
+for, and the trained weights installed in the engine's dtype."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specc.compiler import CompileRequest, build_program, compile_engine, install_weights, training_dtype
+from specc.capture.load import load_model
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError
+from specc.methods import descriptor
+from specc.methods.descriptor import get_method
+from specc.testing import sample_calibration_text
+
+TRAIN = ["train_steps=4", "train_seq_len=32", "eval_sequences=2", "eval_every=4", "draft_vocab_size=40"]
+
+
+@pytest.fixture
+def recorded_training(monkeypatch):
+    """Wrap kangaroo's training step: record the dtype of the program it trains on."""
+    method = get_method("kangaroo")
+    seen = []
+
+    def train(program, config, tokenizer):
+        seen.append(next(program.graphs["adapter"].module.parameters()).dtype)
+        return method.train(program, config, tokenizer)
+
+    monkeypatch.setitem(descriptor._REGISTRY, "kangaroo", dataclasses.replace(method, train=train))
+    return seen
+
+
+def compile_kangaroo(target, output, dtype: str):
+    calib = sample_calibration_text(target, output.parent / f"calib-{dtype}.txt", sequences=16)
+    return compile_engine(CompileRequest(model=str(target), method="kangaroo", output=output, dtype=dtype,
+                                         max_seq_len=96, settings=[*TRAIN, f"calib_data={calib}"]))
+
+
+def test_bfloat16_engines_train_in_float32_and_store_bfloat16_weights(checkpoints, tmp_path, recorded_training):
+    target = checkpoints("llama")[0]
+    report = compile_kangaroo(target, tmp_path / "engine", "bfloat16")
+    assert recorded_training == [torch.float32]
+    assert report["training"]["dtype"] == "float32" and report["training"]["seconds"] > 0
+    added = added_weights(tmp_path / "engine")
+    assert any(name.startswith("adapter.") for name in added)
+    assert all(t.dtype == torch.bfloat16 for t in added.values())
+    load_engine(tmp_path / "engine")
+    # The head reduction training chose is a recorded pass of the engine's graph, not a side effect.
+    assert [p["pass_name"] for p in report["passes"] if p["graph"] == "adapter"][-1] == "reduce_draft_vocabulary"
+
+
+def test_float32_weights_match_a_float32_trained_engine_cast(checkpoints, tmp_path):
+    """The bfloat16 engine's trained tensors are the float32 engine's, rounded once."""
+    target = checkpoints("llama")[0]
+    compile_kangaroo(target, tmp_path / "f32", "float32")
+    compile_kangaroo(target, tmp_path / "bf16", "bfloat16")
+    f32, bf16 = added_weights(tmp_path / "f32"), added_weights(tmp_path / "bf16")
+    assert f32.keys() == bf16.keys()
+    for name, tensor in f32.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor.to(torch.bfloat16), bf16[name]), name
+
+
+def added_weights(engine) -> dict:
+    from safetensors.torch import load_file
+
+    from specc.engine.save import ADDED_WEIGHTS
+
+    return load_file(str(engine / ADDED_WEIGHTS))
+
+
+def test_training_dtype_policy():
+    assert training_dtype("bfloat16") == training_dtype("float16") == training_dtype("float32") == "float32"
+
+
+def test_installing_a_weight_no_graph_reads_or_of_another_shape_is_an_error(checkpoints):
+    method = get_method("kangaroo")
+    config = method.config_class.from_assignments([])
+    program = build_program({"target": load_model(checkpoints("llama")[0])}, method, config, 64)
+    name, tensor = next((n, p) for n, p in program.graphs["adapter"].module.named_parameters()
+                        if n.startswith("adapter."))
+    with pytest.raises(SpeccError, match="no graph of the program reads"):
+        install_weights(program, {"nowhere.weight": torch.zeros(2)})
+    with pytest.raises(SpeccError, match="has shape"):
+        install_weights(program, {name: torch.zeros(*tensor.shape, 2)})
+    installed = install_weights(program, {name: torch.full_like(tensor, 0.5)})
+    assert torch.equal(program.graphs["adapter"].module.get_parameter(name), installed[name])
