@@ -11,12 +11,16 @@ default, unless told otherwise:
 3. else the physical cores not already busy, from the 1-minute load
    average: ``max(1, min(cores - round(load), 4))``. An idle 2-core
    machine gets 2, the same machine running one other job gets 1.
+
+In case 3 the load is sampled again during long CPU work (compile-time
+training: `follow_load`), since other jobs start and stop over its minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 ENV_VARS = ("SPECC_THREADS", "OMP_NUM_THREADS")
 MAX_DEFAULT_THREADS = 4
@@ -86,9 +90,15 @@ def resolve_threads(requested: int | None) -> int:
     return default_threads()[0]
 
 
+_follows_load = False   # whether the count came from the load average (case 3 of the policy)
+FOLLOW_INTERVAL_SECONDS = 10.0
+
+
 def apply_threads(requested: int | None = None) -> int:
     """Set torch's intra-op threads by the policy; returns the count."""
+    global _follows_load
     threads = resolve_threads(requested)
+    _follows_load = requested is None and not default_threads()[1].startswith("$")
     import torch
 
     if torch.get_num_threads() != threads:
@@ -110,3 +120,31 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class LoadFollower:
+    """Call it once per unit of long CPU work (a training step, a teacher window): every
+    `FOLLOW_INTERVAL_SECONDS` it re-applies the load-average policy, counting this process's
+    own threads out of the load. Does nothing unless `apply_threads` chose the count from the
+    load (an explicit `--threads` or environment variable is kept)."""
+
+    def __init__(self, interval: float = FOLLOW_INTERVAL_SECONDS):
+        self.interval = interval
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        if not _follows_load or time.monotonic() - self.last < self.interval:
+            return
+        self.last = time.monotonic()
+        import torch
+
+        own = torch.get_num_threads()
+        try:
+            others = max(0.0, os.getloadavg()[0] - own)
+        except (AttributeError, OSError):
+            return
+        cores = min(physical_cores(), available_cpus())
+        threads = max(1, min(cores - int(round(others)), cores, MAX_DEFAULT_THREADS))
+        if threads != own:
+            torch.set_num_threads(threads)
+

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from specc.threads import LoadFollower
 from specc.train.heap import releasing
 
 
@@ -124,7 +125,9 @@ def cache_teacher(teacher: Teacher, examples: list[torch.Tensor], description: s
     """Run the frozen teacher once per distinct example and serve its outputs
     from memory afterwards (the teacher is most of the cost of a step)."""
     cached = {}
+    follow_load = LoadFollower()
     for example in releasing(tqdm(examples, desc=description, unit="window", dynamic_ncols=True)):
+        follow_load()
         if id(example) not in cached:
             with torch.no_grad():
                 cached[id(example)] = teacher(example)
@@ -156,7 +159,9 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     report.evaluations.append(evaluate(student, teacher, heldout_examples, 0, heldout_scored))
     losses: list[float] = []
     bar = tqdm(order, desc=description, unit="step", dynamic_ncols=True)
+    follow_load = LoadFollower()
     for step, index in enumerate(bar, start=1):
+        follow_load()
         with torch.no_grad():
             target, student_input = teacher(train_examples[index])
         loss = soft_cross_entropy(student(student_input), target)

@@ -66,6 +66,31 @@ def test_thread_policy_honours_the_environment_then_idle_cores(monkeypatch):
     assert threads.default_threads()[0] == threads.MAX_DEFAULT_THREADS
 
 
+def test_long_training_follows_the_load_unless_threads_were_chosen(monkeypatch, one_thread):
+    """The load average is sampled again during training; this process's own threads are
+    counted out of it, and an explicit count is kept."""
+    import torch
+
+    for name in threads.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    monkeypatch.setattr(threads, "available_cpus", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    threads.apply_threads()
+    follow = threads.LoadFollower(interval=0.0)
+    assert torch.get_num_threads() == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.1, 0.0, 0.0))   # our 2 threads and another job
+    follow()
+    assert torch.get_num_threads() == 1, "another job started: give up the core it holds"
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 0.0, 0.0))   # our one thread alone
+    follow()
+    assert torch.get_num_threads() == 2, "the job ended: take both cores again"
+    threads.apply_threads(1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    follow()
+    assert torch.get_num_threads() == 1, "--threads 1 is kept whatever the load"
+
+
 def test_refmodels_build_takes_threads_and_the_cache_key_includes_them():
     from specc.refmodels import __main__ as refmodels_cli
     from specc.refmodels import cache_key, get_spec
