@@ -6,7 +6,9 @@ against the bfloat16 `none` engine of the same backend.
         [--dtypes float32,bfloat16] [--output benchmarks/results/exactness-matrix.md]
 
 Each cell: ✓ (accepted/drafted draft tokens over the prompts), ✗ with the first differing
-prompt and token, "refused: reason" (a compile-time refusal), or "error: ..." (a crash).
+prompt and token, "compiled lossy" (the compiler marked the engine lossy and said why, e.g.
+FIRP in bfloat16; whether it happened to match is shown), "refused: reason" (a compile-time
+refusal), or "error: ..." (a crash).
 bfloat16 rows use one family (`--bfloat16-family`). Exits non-zero if any cell failed.
 Cells run in this process one after another (tiny models, one thread).
 """
@@ -52,8 +54,9 @@ def measure(methods, families, backends, dtypes, bfloat16_family) -> list:
     for method in methods:
         get_method(method)   # an unknown or uninstalled method stops here, with its error
     torch.set_num_threads(1)
+    # In bfloat16 the reference is the `none` engine itself, so `none` has no cell there.
     cells = [Cell(m, f, b, d) for d in dtypes for b in backends for m in methods
-             for f in (families if d == "float32" else [bfloat16_family])]
+             for f in (families if d == "float32" else [bfloat16_family]) if d == "float32" or m != "none"]
     with tempfile.TemporaryDirectory(prefix="specc-matrix-") as root:
         checkpoints, cache = QuirkyCheckpoints(Path(root) / "checkpoints"), {}
         results = []
@@ -77,7 +80,7 @@ def table(results) -> str:
     for (dtype, backend), group in groups.items():
         families = list(dict.fromkeys(r.cell.family for r in group))
         methods = list(dict.fromkeys(r.cell.method for r in group))
-        marks = {(r.cell.method, r.cell.family): r.mark() for r in group}
+        marks = {(r.cell.method, r.cell.family): r.short_mark() for r in group}
         lines += [f"## {backend}, {dtype}", "", "| method | " + " | ".join(families) + " |",
                   "|---|" + "---|" * len(families)]
         lines += [f"| {m} | " + " | ".join(marks.get((m, f), "") for f in families) + " |" for m in methods]

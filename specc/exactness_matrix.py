@@ -54,7 +54,7 @@ class Cell:
 @dataclass(frozen=True)
 class CellResult:
     cell: Cell
-    status: str                  # identical | differs | refused | error
+    status: str                  # identical | differs | lossy | refused | error
     detail: str = ""             # first difference, refusal reason or error
     seconds: float = 0.0
     drafted: int = 0             # draft tokens the engine proposed over all prompts
@@ -62,11 +62,16 @@ class CellResult:
 
     @property
     def passed(self) -> bool:
-        return self.status in ("identical", "refused")
+        return self.status in ("identical", "lossy", "refused")
 
     def mark(self) -> str:
-        return {"identical": f"✓ ({self.accepted}/{self.drafted} accepted)", "differs": f"✗ {self.detail}", "refused": f"refused: {self.detail}",
+        return {"identical": f"✓ ({self.accepted}/{self.drafted} accepted)", "differs": f"✗ {self.detail}",
+                "lossy": f"compiled lossy: {self.detail}", "refused": f"refused: {self.detail}",
                 "error": f"error: {self.detail}"}[self.status]
+
+    def short_mark(self) -> str:
+        """`mark()` up to the first ';' (a refusal's reason without its advice), for tables."""
+        return self.mark().split(";")[0]
 
 
 class QuirkyCheckpoints:
@@ -162,4 +167,7 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
     difference = first_difference([g.token_ids for g in generated], want)
     drafted = sum(g.stats.drafted_tokens for g in generated)
     accepted = sum(g.stats.accepted_tokens for g in generated)
+    if not engine.manifest["lossless"]:   # the compiler said so (and why) at compile time
+        difference = f"differs at {difference}" if difference else "identical anyway"
+        return result("lossy", difference, drafted, accepted)
     return result("differs" if difference else "identical", difference, drafted, accepted)

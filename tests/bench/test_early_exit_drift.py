@@ -7,6 +7,8 @@ import pytest
 from tests.bench.scripts import load_benchmark
 from tests.bench.test_early_exit_quality import engine
 
+pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
+
 
 @pytest.fixture(scope="module")
 def drift():

@@ -9,6 +9,8 @@ import pytest
 from specc.compiler import CompileRequest, compile_engine
 from tests.bench.scripts import load_benchmark
 
+pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
+
 TRAIN = ["train_steps=10", "train_windows=4", "predictor_windows=2", "eval_sequences=2", "predictor_epochs=2",
          "train_seq_len=32", "mode=ar", "offline_layers=4"]
 

@@ -11,6 +11,8 @@ from specc.bench.prompts import Prompt, interleave_categories, load_prompt_set
 from specc.bench.stdlib_prompts import code_prefix, stdlib_code_prompts
 from specc.errors import UsageError
 
+pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
+
 
 @pytest.fixture
 def shared(tmp_path, monkeypatch):

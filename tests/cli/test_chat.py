@@ -64,6 +64,7 @@ def test_run_chat_without_a_template_exits_2(engines, capsys):
     assert err.startswith("specc: error: the model's tokenizer has no chat template") and "Traceback" not in err
 
 
+@pytest.mark.shared_data
 def test_turns_are_conversational_prompts(tmp_path, monkeypatch):
     monkeypatch.setenv(prompt_sets.SHARED_DATA_ENV, str(tmp_path))
     (tmp_path / "spec_bench").mkdir()

@@ -108,6 +108,7 @@ def test_a_lossy_engine_is_not_capped(checkpoints, tmp_path, monkeypatch):
     assert load_engine(tmp_path / "e").max_draft_rows is None, "a lossy method promises no identity to cap for"
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("backend", ["inductor", pytest.param("aoti", marks=pytest.mark.slow)])
 def test_bfloat16_compiled_graphs_with_extra_outputs_round_like_none(wide_checkpoint, tmp_path, backend):
     """Kangaroo runs the target as two graphs, the shallow one also returning its hidden state.

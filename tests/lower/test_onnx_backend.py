@@ -169,6 +169,7 @@ def test_swift_matches_hf_greedy(checkpoints, tmp_path):
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+@pytest.mark.shared_data
 def test_swift_drafts_with_the_exported_draft_graph(checkpoints, tmp_path):
     """With the stored set (`adapt=false`) every draft step runs the exported `draft`
     graph, the target with that set cut out, writing the same onnx-shared caches."""

@@ -90,6 +90,7 @@ def test_reduced_vocabulary_is_lossless_and_drafts_only_its_tokens(engines, one_
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+@pytest.mark.shared_data
 def test_reduced_head_has_draft_vocab_size_rows_and_is_recorded(engines):
     engine, _ = engines("builtin")
     ids = engine.method_state[DRAFT_VOCABULARY_KEY]

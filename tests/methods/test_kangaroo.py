@@ -120,6 +120,7 @@ def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_tokens(checkpo
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+@pytest.mark.shared_data
 def test_the_papers_attention_only_adapter_is_lossless(checkpoints, tmp_path, one_thread):
     target = checkpoints("qwen3")[0]
     compile_engine(CompileRequest(model=str(target), method="kangaroo", output=tmp_path / "engine",

@@ -72,6 +72,7 @@ def assert_identical(target, drafter, checkpoint: Path):
 # --- lossless mode ---------------------------------------------------------------
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lossless_matches_hf_greedy(programs, one_thread, family):
     checkpoint, program, state = programs(family)
@@ -177,6 +178,7 @@ def test_engine_round_trip_is_lossless_and_records_the_schedule(engine, one_thre
                              varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
 
 
+@pytest.mark.shared_data
 def test_ar_engines_are_marked_lossy(checkpoints, tmp_path):
     target = checkpoints("llama")[0]
     settings = [f"{k}={v}" for k, v in TRAIN.items()] + ["mode=ar", "train_steps=0"]
@@ -192,6 +194,7 @@ def test_bad_settings_are_clear_errors():
         SpecEEConfig(kv_policy="drop")
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("backend", ["inductor", pytest.param("aoti", marks=pytest.mark.slow)])
 def test_compiled_segments_match_hf_greedy(checkpoints, tmp_path, one_thread, backend):
     target = checkpoints("llama")[0]
@@ -204,6 +207,7 @@ def test_compiled_segments_match_hf_greedy(checkpoints, tmp_path, one_thread, ba
     assert any(e < 2 for e in loaded.runtime.drafter.early.exit_layers)
 
 
+@pytest.mark.shared_data
 def test_bfloat16_lossless_engine_matches_bfloat16_none(wide_checkpoint, tmp_path):
     """In bfloat16 only the target graph's padded calls are exact (`Backend.exact_rows`): a
     layer-by-layer step that ran every layer rounds its own way, so it is a draft like any other

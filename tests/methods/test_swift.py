@@ -105,6 +105,7 @@ def test_inductor_matches_hf_greedy_and_skip_sets_do_not_recompile(swift_checkpo
     assert counters["stats"]["unique_graphs"] == graphs, "changing the skip set must not recompile"
 
 
+@pytest.mark.shared_data
 def test_draft_graph_runs_the_stored_set_and_segments_run_any_other(swift_checkpoint, tmp_path):
     checkpoint = swift_checkpoint("llama")
     engine = compile_swift(checkpoint, tmp_path / "engine",

@@ -27,6 +27,8 @@ from specc.refmodels.__main__ import main as cli_main
 from specc.refmodels.corpus import CorpusUnavailableError, load_corpus, select_corpus
 from specc.refmodels.tokenizer import ENDOFTEXT, save_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
+
 MICRO = ReferenceSpec(
     name="micro",
     description="a few seconds of training, for tests",

@@ -44,6 +44,7 @@ def test_too_little_text_is_a_usage_error(tmp_path):
         token_windows(byte_tokenizer, str(path), seq_len=64, train_count=10, heldout_count=2, seed=0)
 
 
+@pytest.mark.shared_data
 def test_builtin_corpus_without_shared_data_uses_the_standard_library(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECC_SHARED_DATA", str(tmp_path / "absent"))
     windows = token_windows(byte_tokenizer, None, seq_len=32, train_count=20, heldout_count=4, seed=0)
