@@ -23,6 +23,7 @@ from specc.passes.manager import readable_graph, run_passes
 from specc.passes.use_kernels import UseKernels
 from specc.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.progress import StageReporter
+from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")
 
@@ -74,7 +75,7 @@ def compile_engine(request: CompileRequest) -> dict:
     captures: dict = {}
     method_state, trained_weights, training = {}, {}, None
     if method.train is not None:
-        train_dtype = training_dtype(request.dtype)
+        train_dtype = training_dtype(request.dtype, models[TARGET].config.hidden_size)
         if train_dtype == request.dtype:
             train_models, train_captures = models, captures
         else:
@@ -87,6 +88,9 @@ def compile_engine(request: CompileRequest) -> dict:
         with progress.stage(f"training/calibrating {method.name}", own_line=True):
             trained = method.train(training_program, config, tokenizer)
         training = {"seconds": round(time.perf_counter() - training_start, 3), "dtype": train_dtype}
+        if request.dtype != "float32":
+            probe = matmul_seconds((request.dtype, "float32"), models[TARGET].config.hidden_size)
+            training["matmul_ms"] = {name: round(s * 1e3, 4) for name, s in probe.items()}
         config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
         del training_program, train_models, train_captures
     with progress.stage("capturing with torch.export and running passes"):
@@ -119,13 +123,6 @@ def compile_engine(request: CompileRequest) -> dict:
         }
         write_manifest(staging, report)
     return report
-
-
-def training_dtype(engine_dtype: str) -> str:
-    """The dtype compile-time training runs in: float32 for reduced-precision engines, as
-    their eager matrix products on the CPU are several times slower (bfloat16 without AMX);
-    the trained parameters are cast to the engine's dtype when they are installed."""
-    return "float32" if engine_dtype in ("bfloat16", "float16") else engine_dtype
 
 
 def _load_sources(method, config, checkpoint, dtype: str) -> dict:

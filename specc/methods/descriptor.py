@@ -61,7 +61,7 @@ class TrainResult:
     graphs that own them) and JSON-ready state for the manifest. A step that
     chooses hyper-parameters from measurements returns the config it chose
     (the manifest records it and the runtime reads it). Training runs on a
-    program of its own (float32 where the engine's dtype is slow to train in);
+    program of its own (float32 where that multiplies faster than the engine's dtype: `specc.train.dtype`);
     the engine's program is built afterwards from the returned config, with each
     recipe's `after_training` passes, and the weights installed in its dtype."""
 

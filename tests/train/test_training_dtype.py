@@ -1,6 +1,6 @@
-"""Compile-time training runs on a program of its own, in float32 for reduced-precision
-engines; the engine's program is built afterwards with every pass training's choices call
-for, and the trained weights installed in the engine's dtype."""
+"""Compile-time training runs on a program of its own, in float32 where that multiplies
+faster than the engine's reduced precision; the engine's program is built afterwards with
+every pass training's choices call for, and the trained weights installed in its dtype."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from specc.compiler import CompileRequest, build_program, compile_engine, install_weights, training_dtype
+from specc.compiler import CompileRequest, build_program, compile_engine, install_weights
+from specc.train import dtype as train_dtype
 from specc.capture.load import load_model
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError
@@ -18,6 +19,12 @@ from specc.methods.descriptor import get_method
 from specc.testing import sample_calibration_text
 
 TRAIN = ["train_steps=4", "train_seq_len=32", "eval_sequences=2", "eval_every=4", "draft_vocab_size=40"]
+
+
+@pytest.fixture
+def float32_is_faster(monkeypatch):
+    """A CPU whose float32 products beat bfloat16 ones (bfloat16 without AMX)."""
+    monkeypatch.setattr(train_dtype, "matmul_seconds", lambda dtypes, hidden: {d: float(d != "float32") for d in dtypes})
 
 
 @pytest.fixture
@@ -40,7 +47,8 @@ def compile_kangaroo(target, output, dtype: str):
                                          max_seq_len=96, settings=[*TRAIN, f"calib_data={calib}"]))
 
 
-def test_bfloat16_engines_train_in_float32_and_store_bfloat16_weights(checkpoints, tmp_path, recorded_training):
+def test_bfloat16_engines_train_in_float32_and_store_bfloat16_weights(checkpoints, tmp_path, recorded_training,
+                                                                     float32_is_faster):
     target = checkpoints("llama")[0]
     report = compile_kangaroo(target, tmp_path / "engine", "bfloat16")
     assert recorded_training == [torch.float32]
@@ -53,7 +61,7 @@ def test_bfloat16_engines_train_in_float32_and_store_bfloat16_weights(checkpoint
     assert [p["pass_name"] for p in report["passes"] if p["graph"] == "adapter"][-1] == "reduce_draft_vocabulary"
 
 
-def test_float32_weights_match_a_float32_trained_engine_cast(checkpoints, tmp_path):
+def test_float32_weights_match_a_float32_trained_engine_cast(checkpoints, tmp_path, float32_is_faster):
     """The bfloat16 engine's trained tensors are the float32 engine's, rounded once."""
     target = checkpoints("llama")[0]
     compile_kangaroo(target, tmp_path / "f32", "float32")
@@ -72,8 +80,15 @@ def added_weights(engine) -> dict:
     return load_file(str(engine / ADDED_WEIGHTS))
 
 
-def test_training_dtype_policy():
-    assert training_dtype("bfloat16") == training_dtype("float16") == training_dtype("float32") == "float32"
+def test_training_runs_in_whichever_dtype_multiplies_faster_here(monkeypatch):
+    timings = {"bfloat16": 2.0, "float32": 1.0}
+    monkeypatch.setattr(train_dtype, "matmul_seconds", lambda dtypes, hidden: {d: timings[d] for d in dtypes})
+    assert train_dtype.training_dtype("bfloat16", 64) == "float32"
+    timings["bfloat16"] = 0.5   # a CPU with bfloat16 matrix units (AMX)
+    assert train_dtype.training_dtype("bfloat16", 64) == "bfloat16"
+    assert train_dtype.training_dtype("float32", 64) == "float32"
+    measured = train_dtype._time_matmul(torch.float32, 32)
+    assert 0 < measured < 1
 
 
 def test_installing_a_weight_no_graph_reads_or_of_another_shape_is_an_error(checkpoints):
