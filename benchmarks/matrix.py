@@ -86,7 +86,7 @@ def table(results) -> str:
         lines += [f"| {m} | " + " | ".join(marks.get((m, f), "") for f in families) + " |" for m in methods]
         lines.append("")
     failed = [r for r in results if not r.passed]
-    lines.append(f"{len(results) - len(failed)} of {len(results)} cells identical or refused"
+    lines.append(f"{len(results) - len(failed)} of {len(results)} cells identical, compiled lossy (declared) or refused"
                  + (f"; failed: {', '.join(r.cell.label for r in failed)}" if failed else ""))
     return "\n".join(lines)
 

@@ -75,24 +75,8 @@ def compile_engine(request: CompileRequest) -> dict:
     captures: dict = {}
     method_state, trained_weights, training = {}, {}, None
     if method.train is not None:
-        train_dtype = training_dtype(request.dtype, models[TARGET].config.hidden_size)
-        if train_dtype == request.dtype:
-            train_models, train_captures = models, captures
-        else:
-            with progress.stage(f"loading a {train_dtype} copy to train in"):
-                train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
-        with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
-            training_program = build_program(train_models, method, config, request.max_seq_len,
-                                              kernels=request.kernels, captures=train_captures)
-        training_start = time.perf_counter()
-        with progress.stage(f"training/calibrating {method.name}", own_line=True):
-            trained = method.train(training_program, config, tokenizer)
-        training = {"seconds": round(time.perf_counter() - training_start, 3), "dtype": train_dtype}
-        if request.dtype != "float32":
-            probe = matmul_seconds((request.dtype, "float32"), models[TARGET].config.hidden_size)
-            training["matmul_ms"] = {name: round(s * 1e3, 4) for name, s in probe.items()}
+        trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress)
         config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
-        del training_program, train_models, train_captures
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None)
@@ -123,6 +107,31 @@ def compile_engine(request: CompileRequest) -> dict:
         }
         write_manifest(staging, report)
     return report
+
+
+def _train(method, config, request: CompileRequest, checkpoint, models: dict, captures: dict, tokenizer,
+           progress: StageReporter):
+    """The method's training step on a program of its own, in the dtype `training_dtype` picks
+    (the engine's models and captures are reused when it is the engine's); its result and a
+    report (seconds, dtype and, for reduced-precision engines, the probe's timings)."""
+    hidden = models[TARGET].config.hidden_size
+    train_dtype = training_dtype(request.dtype, hidden)
+    if train_dtype == request.dtype:
+        train_models, train_captures = models, captures
+    else:
+        with progress.stage(f"loading a {train_dtype} copy to train in"):
+            train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
+    with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
+        training_program = build_program(train_models, method, config, request.max_seq_len,
+                                          kernels=request.kernels, captures=train_captures)
+    start = time.perf_counter()
+    with progress.stage(f"training/calibrating {method.name}", own_line=True):
+        trained = method.train(training_program, config, tokenizer)
+    report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype}
+    if request.dtype != "float32":
+        probe = matmul_seconds((request.dtype, "float32"), hidden)
+        report["matmul_ms"] = {name: round(seconds * 1e3, 4) for name, seconds in probe.items()}
+    return trained, report
 
 
 def _load_sources(method, config, checkpoint, dtype: str) -> dict:
