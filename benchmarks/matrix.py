@@ -20,11 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-METHODS = ("none", "draft-model", "prompt-lookup", "kangaroo", "firp", "s3d", "swift", "specee")
-
-
 def main(argv: list[str] | None = None) -> int:
-    from specc.exactness_matrix import BACKENDS
+    from specc.exactness_matrix import BACKENDS, METHODS
     from specc.testing import FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

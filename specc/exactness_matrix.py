@@ -36,6 +36,7 @@ METHOD_SETTINGS: dict[str, list[str]] = {
     "specee": ["train_steps=10", "train_windows=8", "predictor_windows=4", "eval_sequences=2", "predictor_epochs=2",
                "train_seq_len=32", "eval_every=10", "exit_threshold=0.001", "offline_layers=64"],
 }
+METHODS = tuple(METHOD_SETTINGS)   # every registered lossless method, `none` first
 TRAINED = ("kangaroo", "firp", "s3d", "specee")   # take calibration text the target samples
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from specc.exactness_matrix import BACKENDS, Cell, QuirkyCheckpoints, run_cell
+from specc.exactness_matrix import BACKENDS, METHODS, Cell, QuirkyCheckpoints, run_cell
 from specc.testing import FAMILIES
 
-METHODS = ("none", "draft-model", "prompt-lookup", "kangaroo", "firp", "s3d", "swift", "specee")
 # Each method's second family: together they cover every family's quirks.
 PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3")))
 BFLOAT16_FAMILY = "llama"
