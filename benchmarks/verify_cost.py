@@ -8,7 +8,9 @@ engines and repeated; the report gives the median milliseconds and the
 ratio to q = 1 of the same engine, under each engine's generation threads.
 
     python benchmarks/verify_cost.py ENGINE [ENGINE ...] [--graph target] [--prefix 300]
-        [--rows 1,2,4,8,12] [--repeats 15] [--output FILE.json]
+        [--rows 1,2,4,8,12] [--repeats 15] [--device auto] [--output FILE.json]
+
+On a GPU each timed call ends with a device synchronisation, so the time is the call's.
 """
 
 from __future__ import annotations
@@ -29,21 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", type=int, default=300, help="cached tokens before the rows")
     parser.add_argument("--rows", default="1,2,4,8,12", help="comma-separated row counts q")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     rows = sorted({int(q) for q in args.rows.split(",")} | {1})
-    report = measure(args.engines, args.graph, args.prefix, rows, args.repeats)
+    report = measure(args.engines, args.graph, args.prefix, rows, args.repeats, args.device)
     print(format_table(report))
     if args.output:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
-def measure(engine_dirs: list[Path], graph: str, prefix: int, rows: list[int], repeats: int) -> dict:
+def measure(engine_dirs: list[Path], graph: str, prefix: int, rows: list[int], repeats: int,
+            device: str | None = None) -> dict:
     from specc.engine.loaded import load_engine
     from specc.errors import UsageError
 
-    engines = [load_engine(path) for path in engine_dirs]
+    engines = [load_engine(path, device=device) for path in engine_dirs]
     models = []
     for path, engine in zip(engine_dirs, engines):
         if graph not in engine.context.graphs:
@@ -68,6 +72,7 @@ def measure(engine_dirs: list[Path], graph: str, prefix: int, rows: list[int], r
                     for q in rows:
                         start = time.perf_counter()
                         model.prefill(context[prefix:prefix + q], prefix)
+                        _synchronize(engine.device)
                         times[e, q].append(time.perf_counter() - start)
     results = []
     for e, path in enumerate(engine_dirs):
@@ -78,7 +83,12 @@ def measure(engine_dirs: list[Path], graph: str, prefix: int, rows: list[int], r
                                           "ratio": round(statistics.median(times[e, q]) / one, 3)}
                                  for q in rows}})
     return {"graph": graph, "prefix": prefix, "repeats": repeats, "threads": torch.get_num_threads(),
-            "engines": results}
+            "device": str(engines[0].device), "engines": results}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def format_table(report: dict) -> str:

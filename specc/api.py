@@ -26,22 +26,24 @@ class Generation:
 
 def compile(model: str | Path, method: str, output: str | Path, *, backend: str = "eager",
             dtype: str = "float32", max_seq_len: int = 1024, settings: dict | None = None,
-            force: bool = False, progress: bool = False, kernels: bool = False) -> dict:
+            force: bool = False, progress: bool = False, kernels: bool = False, device: str = "auto") -> dict:
     """`specc compile`: write an engine for `model` to `output`; returns the manifest's fields.
-    `settings` are the method's config fields (see `specc methods`); `kernels` is `--kernels`."""
+    `settings` are the method's config fields (see `specc methods`); `kernels` is `--kernels`;
+    `device` is `--device` (auto, cpu, cuda, cuda:N)."""
     from specc.compiler import CompileRequest, compile_engine
 
     assignments = [f"{key}={_setting_text(value)}" for key, value in (settings or {}).items()]
     return compile_engine(CompileRequest(model=str(model), method=method, output=Path(output), backend=backend,
                                          dtype=dtype, max_seq_len=max_seq_len, force=force, settings=assignments,
-                                         kernels=kernels, show_progress=progress))
+                                         kernels=kernels, show_progress=progress, device=device))
 
 
-def load(engine: str | Path, backend: str | None = None) -> "Engine":
-    """`specc run`'s loader: verify the engine's files and build its runtime."""
+def load(engine: str | Path, backend: str | None = None, device: str | None = None) -> "Engine":
+    """`specc run`'s loader: verify the engine's files and build its runtime on `device`
+    (default auto: a CUDA device when present; an aoti engine: the kind it was compiled for)."""
     from specc.engine.loaded import load_engine
 
-    return Engine(load_engine(engine, backend))
+    return Engine(load_engine(engine, backend, device))
 
 
 class Engine:

@@ -11,6 +11,7 @@ import torch
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
+from specc.device import device_kind, move_graph, resolve_device
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import attribute
@@ -40,12 +41,14 @@ class CompileRequest:
     settings: list[str] = field(default_factory=list)   # method config as key=value
     kernels: bool = False   # attention through specc's Triton kernel (passes/use_kernels.py)
     show_progress: bool = False
+    device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
 
 
 def validate(request: CompileRequest):
     """Check everything cheap before any heavy work starts."""
     backend = get_backend(request.backend)
     backend.check_available()
+    resolve_device(request.device)
     check_dtype(request.dtype)
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
@@ -68,6 +71,7 @@ def validate(request: CompileRequest):
 def compile_engine(request: CompileRequest) -> dict:
     start = time.perf_counter()
     method, backend, config, checkpoint = validate(request)
+    device = resolve_device(request.device)
     progress = StageReporter(request.show_progress)
     with progress.stage("loading checkpoint"):
         models = _load_sources(method, config, checkpoint, request.dtype)
@@ -75,7 +79,8 @@ def compile_engine(request: CompileRequest) -> dict:
     captures: dict = {}
     method_state, trained_weights, training = {}, {}, None
     if method.train is not None:
-        trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress)
+        trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress,
+                                   device if method.trains_on_device else torch.device("cpu"))
         config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
@@ -90,11 +95,12 @@ def compile_engine(request: CompileRequest) -> dict:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
         with progress.stage(f"lowering ({request.backend})"):
-            lowering_seconds, lowered = _lower_ahead_of_time(staging, program, backend, request)
+            lowering_seconds, lowered = _lower_ahead_of_time(staging, program, backend, request, device)
         kernels = _kernels_by_graph(program)
         report = {
             "method": method.name, "method_config": config.to_json(), "backend": request.backend,
             "dtype": request.dtype, "max_seq_len": request.max_seq_len, "lossless": lossless,
+            "device": device_kind(device),
             "source_checkpoint": str(checkpoint),
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
@@ -110,12 +116,13 @@ def compile_engine(request: CompileRequest) -> dict:
 
 
 def _train(method, config, request: CompileRequest, checkpoint, models: dict, captures: dict, tokenizer,
-           progress: StageReporter):
-    """The method's training step on a program of its own, in the dtype `training_dtype` picks
-    (the engine's models and captures are reused when it is the engine's); its result and a
-    report (seconds, dtype and, for reduced-precision engines, the probe's timings)."""
+           progress: StageReporter, device: torch.device):
+    """The method's training step on a program of its own, on `device`, in the dtype
+    `training_dtype` picks there (the engine's models and captures are reused when it is the
+    engine's); its result and a report (seconds, dtype, device and, for reduced-precision
+    engines, the probe's timings)."""
     hidden = models[TARGET].config.hidden_size
-    train_dtype = training_dtype(request.dtype, hidden)
+    train_dtype = training_dtype(request.dtype, hidden, device)
     if train_dtype == request.dtype:
         train_models, train_captures = models, captures
     else:
@@ -124,12 +131,14 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
         training_program = build_program(train_models, method, config, request.max_seq_len,
                                           kernels=request.kernels, captures=train_captures)
+        for graph in training_program.graphs.values():
+            move_graph(graph.module, device)
     start = time.perf_counter()
     with progress.stage(f"training/calibrating {method.name}", own_line=True):
         trained = method.train(training_program, config, tokenizer)
-    report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype}
+    report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype, "device": str(device)}
     if request.dtype != "float32":
-        probe = matmul_seconds((request.dtype, "float32"), hidden)
+        probe = matmul_seconds((request.dtype, "float32"), hidden, device)
         report["matmul_ms"] = {name: round(seconds * 1e3, 4) for name, seconds in probe.items()}
     return trained, report
 
@@ -194,8 +203,9 @@ def _has_tensor(module: torch.nn.Module, name: str) -> bool:
 
 
 def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,
-                         request: CompileRequest) -> tuple[float, dict]:
-    """Seconds spent, and per graph: its seconds and the sizes of the files it wrote."""
+                         request: CompileRequest, device: torch.device) -> tuple[float, dict]:
+    """Seconds spent, and per graph: its seconds and the sizes of the files it wrote (built on
+    `device`: packages for CUDA are built with the graphs on the GPU)."""
     if not backend.ahead_of_time:
         return 0.0, {}
     start = time.perf_counter()
@@ -203,9 +213,10 @@ def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,
     dtype = getattr(torch, request.dtype)
     lowered = {}
     for name, graph in program.graphs.items():
-        log.info("lowering %s with %s", name, backend.name)
-        target = LoweringTarget(name, graph.module, read_signature(graph.module),
-                                static_sizes(graph.architecture, request.max_seq_len), dtype, request.max_seq_len)
+        log.info("lowering %s with %s on %s", name, backend.name, device)
+        target = LoweringTarget(name, move_graph(graph.module, device), read_signature(graph.module),
+                                static_sizes(graph.architecture, request.max_seq_len), dtype, request.max_seq_len,
+                                device)
         graph_start = time.perf_counter()
         files = backend.package(target, staging / "compiled")
         lowered[name] = {"seconds": round(time.perf_counter() - graph_start, 3),

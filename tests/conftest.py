@@ -8,10 +8,13 @@ from pathlib import Path
 # specc's Triton kernels are tested in Triton's interpreter (no GPU here). Triton reads the
 # variable when it is first imported, and other tests import it too (Inductor does), so it is
 # set for the whole session, before anything imports triton; CPU-side Inductor ignores it.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# (Importing torch does not import triton.)
+import torch
+
+if not torch.cuda.is_available():   # on a GPU, Inductor's Triton kernels (and specc's) run compiled
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-import torch
 
 from specc.testing import build_tiny_checkpoint, set_eos_to_a_generated_token, varied_prompts
 

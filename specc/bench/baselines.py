@@ -1,6 +1,8 @@
 """The systems an engine is measured against, built from its manifest.
 
 - Hugging Face `generate`, greedy, on the original checkpoint (the papers' baseline);
+  on a GPU also with a static cache (`cache_implementation="static"`, which
+  Hugging Face compiles itself: its fastest batch-1 decoding);
 - Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens=10`);
 - Hugging Face assisted generation with the engine's draft checkpoint, for
   methods that use one;
@@ -13,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specc.bench.systems import (HF_ASSISTED, HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE, System, engine_system,
-                                 hf_system)
+from specc.bench.systems import (HF_ASSISTED, HF_GREEDY, HF_PROMPT_LOOKUP, HF_STATIC, SPECC_NONE, System,
+                                 engine_system, hf_system)
 from specc.errors import SpeccError, UsageError
 
 PROMPT_LOOKUP_TOKENS = 10
@@ -43,9 +45,11 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
 
     manifest = engine.manifest
     checkpoint = source_checkpoint(manifest)
-    model = load_model(checkpoint, manifest["dtype"])
+    model = load_model(checkpoint, manifest["dtype"]).to(engine.device)
     systems = [
         hf_system(HF_GREEDY, "HF generate, greedy", model, max_new_tokens),
+        *([hf_system(HF_STATIC, "HF generate, static cache", model, max_new_tokens, cache_implementation="static")]
+          if engine.device.type == "cuda" else []),
         hf_system(HF_PROMPT_LOOKUP, f"HF prompt lookup ({PROMPT_LOOKUP_TOKENS})", model, max_new_tokens,
                   prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
     ]
@@ -73,7 +77,7 @@ def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System
                       f"(the engine keeps its own copy of the draft weights, so it still runs)")
     from specc.capture.load import load_model
 
-    draft = load_model(Path(draft_path), manifest["dtype"])
+    draft = load_model(Path(draft_path), manifest["dtype"]).to(model.device)
     return hf_system(HF_ASSISTED, "HF assisted generation", model, max_new_tokens, assistant=draft), None
 
 
@@ -87,8 +91,8 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, n
         none_engine = workdir / "none"
         compile_engine(CompileRequest(model=str(checkpoint), method="none", output=none_engine,
                                       backend=manifest["backend"], dtype=manifest["dtype"],
-                                      max_seq_len=int(manifest["max_seq_len"])))
-    baseline = load_engine(none_engine, engine.backend.name)
+                                      max_seq_len=int(manifest["max_seq_len"]), device=str(engine.device)))
+    baseline = load_engine(none_engine, engine.backend.name, str(engine.device))
     _check_comparable(baseline.manifest, manifest, none_engine)
     return engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens)
 

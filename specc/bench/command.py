@@ -18,7 +18,8 @@ LOSSLESS_CHECK_FAILED = 3
 def run_bench(args) -> int:
     options = BenchOptions(engine=args.engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                            repeats=args.repeats, num_prompts=args.num_prompts,
-                           chat_template=not getattr(args, "no_chat_template", False))
+                           chat_template=not getattr(args, "no_chat_template", False),
+                           device=getattr(args, "device", None))
     doc = benchmark(options)
     print(format_report(doc), end="")
     banner = identity_banner(doc)

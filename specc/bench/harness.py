@@ -30,6 +30,7 @@ class BenchOptions:
     baseline_engine: Path | None = None   # a compiled `none` engine to reuse instead of compiling one
     show_progress: bool = True
     chat_template: bool = True            # chat-format conversational prompts when the tokenizer has a template
+    device: str | None = None             # --device (None: auto; an aoti engine: where it was compiled for)
 
 
 def benchmark(options: BenchOptions) -> dict:
@@ -41,7 +42,7 @@ def benchmark(options: BenchOptions) -> dict:
     if options.repeats < 1:
         raise UsageError(f"--repeats {options.repeats} must be at least 1")
     _quiet_transformers()
-    engine = load_engine(options.engine)
+    engine = load_engine(options.engine, device=options.device)
     source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
     prompt_set = load_prompt_set(options.prompts, options.num_prompts)
     prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
@@ -64,7 +65,7 @@ def benchmark(options: BenchOptions) -> dict:
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
     bound = bandwidth.bound(baselines.model_info["parameters"], engine.manifest["dtype"])
-    settings = {"prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
+    settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
                 "chat_template": chat_formatted,
                 "warmup_runs_per_system": 1, "decoding": "greedy, batch 1", "interleaved": True,

@@ -19,6 +19,7 @@ from specc.runtime.stats import GenerationStats
 GenerateFn = Callable[[list[int]], "tuple[list[int], GenerationStats | None]"]
 
 HF_GREEDY = "hf-greedy"
+HF_STATIC = "hf-static-cache"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 HF_ASSISTED = "hf-assisted"
 SPECC_NONE = "specc-none"

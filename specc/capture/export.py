@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.fx.graph import CodeGen
@@ -56,14 +57,40 @@ def _export(model: torch.nn.Module, max_seq_len: int):
     seq = torch.export.Dim("seq", min=1, max=max_seq_len)
     try:
         with torch.no_grad():
-            return torch.export.export(
+            exported = torch.export.export(
                 model, args=(), kwargs={"input_ids": example},
                 dynamic_shapes={"input_ids": {1: seq}}, strict=False,
+                prefer_deferred_runtime_asserts_over_guards=True,
             )
     except Exception as exc:
         raise SpeccError(
             f"torch.export failed for {type(model).__name__}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
         ) from exc
+    _check_runtime_asserts(exported, type(model).__name__, max_seq_len)
+    return exported
+
+
+def _check_runtime_asserts(exported, model_name: str, max_seq_len: int) -> None:
+    """Every shape assertion export deferred to run time holds for every length up to `max_seq_len`.
+
+    Deferring is for what torch cannot simplify: torch 2.11 leaves the stride
+    `prims.collapse_view` gives GQA's repeat_kv reshape as Min(16*s, 32*s), so it
+    asserts Eq(Min(16*s, 32*s), 16*s), true for every s, which as a guard would fail
+    the strict `seq` Dim. `remove_assertions` drops these nodes, so an assertion that
+    does restrict the length (which the strict Dim used to reject) is rejected here.
+    """
+    assumed = set()
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
+            condition = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else node.args[0]
+            assumed.add(condition.node.expr if isinstance(condition, torch.SymBool) else sympy.sympify(bool(condition)))
+    for expr in assumed:
+        if len(expr.free_symbols) > 1:
+            raise SpeccError(f"torch.export failed for {model_name}: it assumes {expr}")
+        for length in range(1, max_seq_len + 1):
+            if not bool(expr.xreplace({s: sympy.Integer(length) for s in expr.free_symbols})):
+                raise SpeccError(f"torch.export failed for {model_name}: it assumes {expr}, "
+                                 f"false for a sequence of {length} tokens")
 
 
 def inline_mode_wrappers(gm: fx.GraphModule) -> int:

@@ -83,7 +83,13 @@ def _add_compile(verbs):
     p.add_argument("--kernels", action="store_true",
                    help="run attention through specc's Triton kernel (specc.kernels; pays off on CUDA only: "
                         "on CPU it computes the PyTorch reference)")
+    _device_option(p, "the engine will run (training and ahead-of-time lowering run there too)")
     return p
+
+
+def _device_option(p, what: str) -> None:
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help=f"where {what}: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N")
 
 
 def _sampling_options(p, max_new_tokens: int = 64) -> None:
@@ -100,6 +106,7 @@ def _sampling_options(p, max_new_tokens: int = 64) -> None:
     p.add_argument("--backend", default=None,
                    help="override the engine's backend with one that lowers at load time (eager, inductor); "
                         "default: the engine's own")
+    _device_option(p, "the engine runs (an aoti engine: where it was compiled for)")
 
 
 def _add_run(verbs):
@@ -159,6 +166,7 @@ def _add_serve(verbs):
                    help="requests that may wait behind the running one; more get HTTP 503")
     p.add_argument("--backend", default=None,
                    help="override the engine's backend with one that lowers at load time (eager, inductor)")
+    _device_option(p, "the engine runs (an aoti engine: where it was compiled for)")
     return p
 
 
@@ -190,6 +198,7 @@ def _add_bench(verbs):
     p.add_argument("--plot", type=Path, help="write a PNG chart")
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode conversational prompts (Spec-Bench turns) as plain text, not chat-formatted")
+    _device_option(p, "the engine and its baselines run (an aoti engine: where it was compiled for)")
     return p
 
 
@@ -327,13 +336,15 @@ def _quiet_libraries(verbose: bool) -> None:
 
 def _compile(args) -> int:
     from specc.compiler import CompileRequest, compile_engine
+    from specc.device import resolve_device
 
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
         max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, kernels=args.kernels,
-        show_progress=True,
+        show_progress=True, device=args.device,
     )
-    print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}) ...", file=sys.stderr)
+    print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}, "
+          f"{resolve_device(args.device)}) ...", file=sys.stderr)
     report = compile_engine(request)
     seconds, training = report["compile_seconds"], report.get("training")
     parts = ([f"training {training['seconds']:.1f}s in {training['dtype']}"] if training else []) + (

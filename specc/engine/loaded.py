@@ -10,12 +10,14 @@ from safetensors.torch import load_file
 
 from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
+from specc.device import check_fits, device_kind, move_graph, resolve_device
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
+from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
 from specc.methods.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
@@ -25,28 +27,36 @@ from specc.runtime.warm_up import warm_up
 
 
 class LoadedEngine:
-    def __init__(self, path: Path, manifest: dict, backend: Backend):
+    def __init__(self, path: Path, manifest: dict, backend: Backend, device: torch.device = torch.device("cpu")):
         self.path = path
         self.manifest = manifest
         self.backend = backend
+        self.device = device
         self.max_seq_len = int(manifest["max_seq_len"])
         self.dtype = getattr(torch, manifest["dtype"])
         self.method = get_method(manifest["method"])
         check_backend(self.method, backend)
         self.config = self.method.config_class.from_json(manifest["method_config"])
         start = time.perf_counter()
-        targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len)
-        graphs = {name: backend.load(target, path / "compiled", manifest) for name, target in targets.items()}
-        if backend.compiles_lazily:
-            for name, target in targets.items():
-                warm_up(graphs[name], target)
+        try:
+            targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)
+            graphs = {name: backend.load(target, path / "compiled", manifest) for name, target in targets.items()}
+            if backend.compiles_lazily:
+                for name, target in targets.items():
+                    warm_up(graphs[name], target)
+            self.cuda_graphs = _replayed_from_cuda_graphs(graphs, targets, backend, device)
+        except torch.OutOfMemoryError as exc:
+            check_fits(exc, f"the engine ({manifest['dtype']}, --max-seq-len {self.max_seq_len}) on {device}")
         self.context = MethodContext(
             graphs=graphs, modules={name: t.module for name, t in targets.items()},
             signatures={name: t.signature for name, t in targets.items()},
             architectures={name: self.architecture(name) for name in targets},
             state=manifest.get("method_state", {}), max_seq_len=self.max_seq_len, dtype=self.dtype,
-            lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily)
-        self.runtime = self.method.build_runtime(self.context, self.config)
+            lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device)
+        try:
+            self.runtime = self.method.build_runtime(self.context, self.config)
+        except torch.OutOfMemoryError as exc:
+            check_fits(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}")
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
         # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
         self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None
@@ -101,37 +111,72 @@ class LoadedEngine:
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
-def load_engine(path: str | Path, backend: str | None = None) -> LoadedEngine:
+def load_engine(path: str | Path, backend: str | None = None, device: str | None = None) -> LoadedEngine:
+    """The engine at `path`, lowered with `backend` (default: the one it was compiled for) on
+    `device` (default `auto`: a CUDA device when present, else the CPU)."""
     path = Path(path)
     manifest = read_verified_manifest(path)
-    return LoadedEngine(path, manifest, get_backend(backend or manifest["backend"]))
+    backend = get_backend(backend or manifest["backend"])
+    resolved = resolve_device(manifest.get("device", "cpu") if _keeps_built_device(backend, manifest, device)
+                              else device)
+    check_engine_device(manifest, backend, resolved)
+    return LoadedEngine(path, manifest, backend, resolved)
 
 
-def _lowering_targets(path: Path, manifest: dict, dtype: torch.dtype, max_seq_len: int) -> dict[str, LoweringTarget]:
-    modules = _load_graphs(path, manifest)
+def _keeps_built_device(backend: Backend, manifest: dict, device: str | None) -> bool:
+    """`auto` loads ahead-of-time packages on the kind of device they were built for."""
+    return (device in (None, "auto") and backend.ahead_of_time and backend.name == manifest["backend"])
+
+
+def check_engine_device(manifest: dict, backend: Backend, device: torch.device) -> None:
+    """Ahead-of-time artifacts run only on the kind of device they were built for."""
+    built_for = manifest.get("device", "cpu")
+    if backend.ahead_of_time and backend.name == manifest["backend"] and built_for != device_kind(device):
+        raise UsageError(f"this {backend.name} engine was compiled for {built_for}, and its packages run only "
+                         f"there; load it with --device {built_for}, or recompile it with --device "
+                         f"{device_kind(device)}")
+
+
+def _replayed_from_cuda_graphs(graphs: dict, targets: dict, backend: Backend, device: torch.device) -> dict:
+    """On CUDA, each graph of a backend that runs in torch replays CUDA graphs (`CudaGraphs`);
+    returns them by name (empty on the CPU)."""
+    if device.type != "cuda" or not backend.cuda_graphs:
+        return {}
+    pool = torch.cuda.graph_pool_handle()
+    replayed = {}
+    for name, target in targets.items():
+        exact = backend.exact_rows(target.dtype) or 1
+        buckets = tuple(b for b in ROW_BUCKETS if b >= exact)
+        replayed[name] = graphs[name] = CudaGraphs(graphs[name], target.signature, pool, buckets)
+    return replayed
+
+
+def _lowering_targets(path: Path, manifest: dict, dtype: torch.dtype, max_seq_len: int,
+                      device: torch.device) -> dict[str, LoweringTarget]:
+    modules = _load_graphs(path, manifest, device)
     targets = {}
     for name, module in modules.items():
         entry = manifest["graphs"][name]
         architecture = ArchitectureSummary.from_json(entry["architecture"])
         targets[name] = LoweringTarget(name, module, GraphSignature.from_json(entry["signature"]),
-                                       static_sizes(architecture, max_seq_len), dtype, max_seq_len)
+                                       static_sizes(architecture, max_seq_len), dtype, max_seq_len, device)
     return targets
 
 
-def _load_graphs(path: Path, manifest: dict) -> dict:
+def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
     weights: dict[str, dict[str, torch.Tensor]] = {}
     # Parameters a method trained are stored once, beside the source weights they extend.
-    added = load_file(str(path / ADDED_WEIGHTS)) if ADDED_WEIGHTS in manifest["files"] else {}
+    added = load_file(str(path / ADDED_WEIGHTS), device=str(device)) if ADDED_WEIGHTS in manifest["files"] else {}
     modules = {}
     for name, entry in manifest["graphs"].items():
         source = entry["source"]
         if source not in weights:
-            tensors = load_file(str(path / entry["weights"]))
+            tensors = load_file(str(path / entry["weights"]), device=str(device))
             for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
                 tensors[alias] = tensors[original]
             weights[source] = tensors | added
         graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
-        modules[name] = graph_from_json(graph_json, weights[source])
+        modules[name] = move_graph(graph_from_json(graph_json, weights[source]), device)
     return modules
 
 

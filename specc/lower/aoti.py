@@ -76,11 +76,12 @@ class AOTInductorBackend(Backend):
     name = "aoti"
     help = "package each graph with AOTInductor at compile time (compiled/*.pt2); loads without recompiling"
     capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
+    cuda_graphs = True
     ahead_of_time = True
 
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
         files = [_package(target, artifacts / f"{target.name}.pt2", _narrow_rows(target))]
-        if _query_axis(target) is not None:
+        if _query_axis(target) is not None and target.device.type == "cpu":   # see WIDE_ROWS
             files.append(_package(target, artifacts / f"{target.name}{WIDE_SUFFIX}", WIDE_ROWS))
         return files
 
@@ -93,10 +94,10 @@ class AOTInductorBackend(Backend):
         if built_with != torch.__version__:
             raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
                              f"{torch.__version__}; recompile the engine")
-        narrow = torch._inductor.aoti_load_package(str(package))
+        narrow = _load_package(package, target.device)
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
-            narrow = RowDispatch(narrow, torch._inductor.aoti_load_package(str(wide)), *axis)
+            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis)
         return exact_in_reduced_precision(narrow, target)
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
@@ -135,6 +136,14 @@ class RowDispatch:
         return (self.narrow if rows <= NARROW_MAX_ROWS else self.wide)(*args)
 
 
+def _load_package(path: Path, device: torch.device):
+    """On CUDA the package runs without its thread synchronisation, which CUDA graph capture
+    (`specc.lower.cuda_graphs`) cannot record."""
+    if device.type == "cuda":
+        return torch._inductor.aoti_load_package(str(path), run_single_threaded=True, device_index=device.index or 0)
+    return torch._inductor.aoti_load_package(str(path))
+
+
 def _query_axis(target: LoweringTarget) -> tuple[int, int] | None:
     """(input index, axis) of the first input with a `q` axis; None: the graph has none."""
     axes = q_axes(target.signature.inputs)
@@ -146,7 +155,7 @@ def _narrow_rows(target: LoweringTarget) -> int:
 
 
 def _package(target: LoweringTarget, path: Path, rows: int) -> str:
-    example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2)
+    example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2, device=target.device)
     dynamic = dynamic_dims(target.signature, target.max_seq_len)
     try:
         with torch.no_grad(), torch_threads(idle_machine_threads()), \

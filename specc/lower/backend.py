@@ -35,6 +35,7 @@ class LoweringTarget:
     sizes: dict[str, int]
     dtype: torch.dtype
     max_seq_len: int
+    device: torch.device = torch.device("cpu")
 
 
 class Backend:
@@ -45,6 +46,7 @@ class Backend:
     capabilities: frozenset[str] = frozenset()
     ahead_of_time: bool = False     # `package` writes artifacts into the engine at compile time
     compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
+    cuda_graphs: bool = False       # on CUDA, calls replay captured CUDA graphs (`specc.lower.cuda_graphs`)
 
     def check_available(self) -> None:
         """Raise UsageError naming what this machine lacks (a package, a device) to use the backend."""

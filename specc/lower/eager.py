@@ -12,6 +12,7 @@ class EagerBackend(Backend):
     name = "eager"
     help = "execute the rewritten FX graph (no compilation)"
     capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
+    cuda_graphs = True
 
     def load(self, target, artifacts, manifest):
         return exact_in_reduced_precision(target.module, target)

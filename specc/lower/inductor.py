@@ -24,6 +24,7 @@ class InductorBackend(Backend):
     name = "inductor"
     help = "compile each graph with torch.compile (Inductor) when the engine loads"
     capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
+    cuda_graphs = True
     compiles_lazily = True
 
     def load(self, target, artifacts, manifest):

@@ -35,15 +35,26 @@ class RowPadding:
     def __call__(self, forward, args: tuple):
         index, axis = self.inputs[0]
         real = args[index].shape[axis]
+        return self.unpad(forward(*self.pad(args)), real)
+
+    def pad(self, args) -> list:
+        """`args` with every q axis grown to `rows` by repeating its last row."""
+        index, axis = self.inputs[0]
+        real = args[index].shape[axis]
         args = list(args)
         for index, axis in self.inputs:
             last = args[index].narrow(axis, real - 1, 1)
             args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
-        result = forward(*args)
+        return args
+
+    def unpad(self, result, real: int, copy: bool = False):
+        """The first `real` rows of each output with a q axis (all outputs copied with `copy`)."""
         single = not isinstance(result, (list, tuple))
         result = [result] if single else list(result)
         for index, axis in self.outputs:
             result[index] = result[index].narrow(axis, 0, real)
+        if copy:
+            result = [r.clone() for r in result]
         return result[0] if single else result
 
 

@@ -87,6 +87,9 @@ class MethodDescriptor:
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
+    # Whether `train` runs on whatever device the program's graphs are on (it puts its inputs there).
+    # False: on a GPU compile it trains on the CPU, and only the engine's graphs go to the device.
+    trains_on_device: bool = False
     # Checks the config against the checkpoint's Hugging Face config (transformers.PretrainedConfig,
     # read from config.json before any weights load); raises UsageError naming the bad --set value.
     validate: Callable[[MethodConfig, object], None] | None = None

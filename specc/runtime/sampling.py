@@ -45,4 +45,6 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    if generator is not None and generator.device != probs.device:   # a seeded (CPU) generator draws on the CPU
+        probs = probs.cpu()
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -30,4 +30,4 @@ def warm_up(forward: Callable, target) -> None:
     step_kv = untaken_size(taken | {chunk, chunk_kv}, chunk_kv + 5)
     with torch.inference_mode():
         for q, kv in ((chunk, chunk_kv), (1, step_kv)):
-            forward(*example_inputs(target.signature, target.sizes, target.dtype, q=q, kv=kv))
+            forward(*example_inputs(target.signature, target.sizes, target.dtype, q=q, kv=kv, device=target.device))

@@ -193,7 +193,8 @@ def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], s
         for index, example in enumerate(examples):
             target, student_input = teacher(example)
             logits = student(student_input)
-            keep = torch.ones(_positions(target), dtype=torch.bool) if scored is None else scored[index]
+            keep = (torch.ones(_positions(target), dtype=torch.bool) if scored is None
+                    else scored[index]).to(logits.device)
             total_loss += float((_position_losses(logits, target) * keep).sum())
             agree += int(((logits.argmax(dim=-1) == _top1(target)) & keep).sum())
             positions += int(keep.sum())

@@ -19,32 +19,40 @@ PROBE_REPEATS = 5
 _measured: dict[tuple, dict[str, float]] = {}
 
 
-def training_dtype(engine_dtype: str, hidden_size: int) -> str:
+def training_dtype(engine_dtype: str, hidden_size: int, device: torch.device | str = "cpu") -> str:
     """float32 engines train in float32; a reduced-precision engine trains in its own dtype
-    unless float32 matrix products are faster here (`matmul_seconds`)."""
+    unless float32 matrix products are faster on `device` (`matmul_seconds`)."""
     if engine_dtype == "float32":
         return "float32"
-    seconds = matmul_seconds((engine_dtype, "float32"), hidden_size)
+    seconds = matmul_seconds((engine_dtype, "float32"), hidden_size, device)
     return engine_dtype if seconds[engine_dtype] <= seconds["float32"] else "float32"
 
 
-def matmul_seconds(dtypes: tuple[str, ...], hidden_size: int) -> dict[str, float]:
+def matmul_seconds(dtypes: tuple[str, ...], hidden_size: int, device: torch.device | str = "cpu") -> dict[str, float]:
     """Best-of-`PROBE_REPEATS` seconds of a [128, hidden] x [hidden, 4 hidden] product (an MLP
-    projection over one window) per dtype, at the current thread count; memoised."""
-    key = (dtypes, hidden_size, torch.get_num_threads())
+    projection over one window) per dtype on `device`, at the current thread count; memoised."""
+    device = torch.device(device)
+    key = (dtypes, hidden_size, torch.get_num_threads(), str(device))
     if key not in _measured:
-        _measured[key] = {name: _time_matmul(getattr(torch, name), hidden_size) for name in dtypes}
+        _measured[key] = {name: _time_matmul(getattr(torch, name), hidden_size, device) for name in dtypes}
     return _measured[key]
 
 
-def _time_matmul(dtype: torch.dtype, hidden: int) -> float:
+def _time_matmul(dtype: torch.dtype, hidden: int, device: torch.device = torch.device("cpu")) -> float:
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(PROBE_ROWS, hidden, generator=generator).to(dtype)
-    b = torch.randn(hidden, 4 * hidden, generator=generator).to(dtype)
+    a = torch.randn(PROBE_ROWS, hidden, generator=generator).to(device, dtype)
+    b = torch.randn(hidden, 4 * hidden, generator=generator).to(device, dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(PROBE_REPEATS):
+        _synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
+        _synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -10,12 +10,13 @@ from specc.runtime.masks import apply_sliding_window, causal_chunk_mask
 def decoding_inputs(tokens: torch.Tensor, sliding_window: int | None) -> tuple:
     """tokens [1, T], positions [1, T], a causal mask (within the architecture's sliding
     window, as the engine's steps see it) and cache slots 0..T-1."""
-    positions = torch.arange(tokens.numel())
-    return tokens[None], positions[None], apply_sliding_window(causal_chunk_mask(0, tokens.numel()), positions,
+    positions = torch.arange(tokens.numel(), device=tokens.device)
+    return tokens[None], positions[None], apply_sliding_window(causal_chunk_mask(0, tokens.numel(), tokens.device),
+                                                               positions,
                                                                sliding_window), positions
 
 
-def empty_caches(arch, layers: int, length: int, dtype) -> list[torch.Tensor]:
+def empty_caches(arch, layers: int, length: int, dtype, device="cpu") -> list[torch.Tensor]:
     """K and V caches for `layers` layers, one spare slot past `length` (see KVCache)."""
     shape = (1, arch.num_key_value_heads, length + 1, arch.head_dim)
-    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * layers)]
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * layers)]

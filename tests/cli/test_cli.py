@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specc.cli.main import main
+from specc.errors import UsageError
 from specc.testing import build_tiny_checkpoint
 
 
@@ -80,6 +82,9 @@ def test_methods_lists_fields_with_defaults(capsys):
       "-o", "{root}/x"], 2, "malformed config setting 'num_draft_tokens'; write it as key=value"),
     (["compile", "{ckpt}", "--method", "none", "--set", "gamma=3", "-o", "{root}/x"], 2, "unknown config field"),
     (["compile", "{ckpt}", "--method", "none", "--max-seq-len", "2", "-o", "{root}/x"], 2, "--max-seq-len 2"),
+    (["compile", "{ckpt}", "--method", "none", "--device", "gpu0", "-o", "{root}/x"], 2,
+     "--device 'gpu0' is not a device; use one of auto, cpu, cuda, cuda:N"),
+    (["run", "{root}/engine", "--prompt", "w5", "--device", "mps"], 2, "specc runs on auto, cpu, cuda, cuda:N, not mps"),
     (["run", "{root}/engine", "--prompt", ""], 2, "the prompt is empty"),
     (["run", "{root}/engine", "--prompt", "w5", "--max-new-tokens", "100"], 2, "exceeds the engine's max sequence"),
     (["run", "{root}/engine", "--prompt", "w5", "--temperature", "-1"], 2, "--temperature -1.0 is negative"),
@@ -99,6 +104,29 @@ def test_error_paths(workspace, capsys, args, code, message):
     assert message in err and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("specc:")] == [err.splitlines()[-1]], err
     assert not (root / "x").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA device")
+@pytest.mark.parametrize("verb", ["compile", "run", "bench"])
+def test_device_cuda_without_a_gpu_is_one_clear_line(workspace, capsys, verb):
+    root, checkpoint = workspace
+    args = {"compile": ["compile", str(checkpoint), "--method", "none", "-o", str(root / "x")],
+            "run": ["run", str(root / "engine"), "--prompt", "w5"],
+            "bench": ["bench", str(root / "engine")]}[verb]
+    code, _, err = run_cli(capsys, *args, "--device", "cuda")
+    assert code == 2 and "--device cuda: this machine has no CUDA device" in err and "Traceback" not in err
+    assert not (root / "x").exists()
+
+
+def test_an_aoti_engine_runs_only_on_the_device_kind_it_was_compiled_for():
+    from specc.engine.loaded import check_engine_device
+    from specc.lower.registry import get_backend
+
+    manifest = {"backend": "aoti", "device": "cuda"}
+    with pytest.raises(UsageError, match="compiled for cuda, and its packages run only there"):
+        check_engine_device(manifest, get_backend("aoti"), torch.device("cpu"))
+    check_engine_device(manifest, get_backend("inductor"), torch.device("cpu"))   # relowered at load: fine
+    check_engine_device({"backend": "eager"}, get_backend("eager"), torch.device("cpu"))
 
 
 def test_unsupported_architecture_names_the_supported_list(tmp_path, capsys):

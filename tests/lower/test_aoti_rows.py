@@ -80,7 +80,7 @@ def test_packages_are_built_for_the_idle_machine_threads_not_the_compile_threads
                             threads=torch.get_num_threads(),
                             min_chunk=torch._inductor.config.cpp.min_chunk_size))
     target = types.SimpleNamespace(name="target", module=torch.nn.Linear(2, 2), signature=None, sizes=None,
-                                   dtype=torch.float32, max_seq_len=8)
+                                   dtype=torch.float32, max_seq_len=8, device=torch.device("cpu"))
     assert aoti._package(target, tmp_path / "target.pt2", rows=3) == "target.pt2"
     assert seen == {"threads": 3, "min_chunk": aoti.MIN_CHUNK_PER_THREAD}   # small kernels stay on one thread
     assert torch.get_num_threads() == 1

@@ -60,6 +60,7 @@ METHOD = MethodDescriptor(
     graphs=_graphs,
     build_runtime=build_runtime,
     train=_train,
+    trains_on_device=True,
     validate=lambda config, model_config: _validate(config, model_config),
 )
 

@@ -57,6 +57,8 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
         state[DRAFT_VOCABULARY_KEY] = ids
     adapter = program.graphs["adapter"].module
     parameters = adapter_parameters(adapter)
+    device = next(iter(parameters.values())).device   # the engine's: training runs where it will
+    to_student = None if to_student is None else to_student.to(device)
     for name, p in adapter.named_parameters():
         if name not in parameters:
             p.requires_grad_(False)   # the target, its LM head and the draft head are frozen
@@ -94,9 +96,12 @@ def adapter_parameters(adapter: torch.nn.Module) -> dict[str, torch.nn.Parameter
 def _teacher(shallow, deep, arch, dtype, top_k: int, to_student):
     """tokens → (the target's top-k next-token probabilities in the draft head's
     index space, (tokens, the exit states [1, T, H]))."""
+    device = next(shallow.parameters()).device
+
     def teach(tokens: torch.Tensor):
+        tokens = tokens.to(device)
         inputs = decoding_inputs(tokens, arch.sliding_window)
-        caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype)
+        caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype, device)
         (exits,) = shallow(*inputs, *caches)
         (logits,) = deep(*inputs, *caches, exits)
         return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student), (tokens, exits)
@@ -107,6 +112,7 @@ def _student(adapter, arch, dtype):
     """(tokens, exit states) → the adapter's logits [T, V], its cache starting empty."""
     def predict(lesson) -> torch.Tensor:
         tokens, exits = lesson
-        (logits,) = adapter(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, 1, tokens.numel(), dtype), exits)
+        caches = empty_caches(arch, 1, tokens.numel(), dtype, tokens.device)
+        (logits,) = adapter(*decoding_inputs(tokens, arch.sliding_window), *caches, exits)
         return logits[0]
     return predict

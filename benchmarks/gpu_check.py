@@ -1,0 +1,206 @@
+"""The GPU check: specc's CUDA tests, then SmolLM2-135M-Instruct engines on the GPU against
+Hugging Face `generate` (dynamic and static cache), side by side in one process.
+
+    python benchmarks/gpu_check.py tests   --out DIR [--budget 200]
+    python benchmarks/gpu_check.py smollm2 --gguf FILE.gguf --out DIR [--budget 480]
+
+`tests` runs `pytest -m gpu`. `smollm2` compiles bfloat16 engines for `cuda` in priority
+order (none, prompt-lookup and kangaroo under inductor, then under aoti), each while the
+budget leaves room for the benchmark, then benchmarks every engine that compiled against HF
+greedy `generate` (dynamic cache and `cache_implementation="static"`) on the same prompts,
+interleaved, and writes `DIR/gpu-check.json` and `DIR/gpu-check.md`. Logs go to `DIR/logs/`.
+benchmarks/gpu_check.sh is the wrapper that runs both on a lent GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENGINES = (   # (name, method, backend), most wanted first
+    ("none-inductor", "none", "inductor"),
+    ("prompt-lookup-inductor", "prompt-lookup", "inductor"),
+    ("kangaroo-inductor", "kangaroo", "inductor"),
+    ("none-aoti", "none", "aoti"),
+    ("prompt-lookup-aoti", "prompt-lookup", "aoti"),
+    ("kangaroo-aoti", "kangaroo", "aoti"),
+)
+BENCH_RESERVE_S = 200   # what the benchmark needs after the last compile
+MAX_SEQ_LEN = 1024
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("tests", "smollm2"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gguf", type=Path)
+    parser.add_argument("--budget", type=float, default=None, help="seconds this stage may take")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    if args.stage == "tests":
+        return run_tests(args.out, args.budget or 200)
+    return run_smollm2(args, args.budget or 480)
+
+
+def run_tests(out: Path, budget: float) -> int:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rs",
+               "tests/gpu", "tests/lower/test_cuda_graphs.py", "tests/kernels"]
+    code, seconds = _logged(command, out / "logs" / "pytest-gpu.log", budget)
+    _write(out / "pytest-gpu.json", {"command": " ".join(command), "returncode": code, "seconds": seconds})
+    return code
+
+
+def run_smollm2(args, budget: float) -> int:
+    if args.gguf is None or not args.gguf.is_file():
+        print(f"gpu_check: --gguf {args.gguf} is not a file", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    compiled, steps = [], []
+    for name, method, backend in ENGINES:
+        left = budget - (time.perf_counter() - start) - BENCH_RESERVE_S
+        if left < 30:
+            steps.append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})
+            continue
+        output = args.out / "engines" / name
+        command = [sys.executable, "-m", "specc.cli.main", "compile", str(args.gguf), "--method", method,
+                   "--backend", backend, "--dtype", "bfloat16", "--device", "cuda", "--max-seq-len",
+                   str(MAX_SEQ_LEN), "-o", str(output), "--force"]
+        code, seconds = _logged(command, args.out / "logs" / f"compile-{name}.log", left)
+        steps.append({"engine": name, "returncode": code, "seconds": round(seconds, 1)})
+        if code == 0:
+            compiled.append((name, output))
+        print(f"gpu_check: compile {name}: rc {code} in {seconds:.0f} s", flush=True)
+    report = {"compiles": steps}
+    if compiled:
+        try:
+            report["bench"] = bench(compiled, args.prompts, args.max_new_tokens, args.repeats)
+        except Exception as exc:   # noqa: BLE001 - the compile results are still worth writing
+            import traceback
+
+            report["bench_error"] = "".join(traceback.format_exception(exc))
+            print(report["bench_error"], file=sys.stderr)
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    _write(args.out / "gpu-check.json", report)
+    (args.out / "gpu-check.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if "bench" in report and all(s.get("returncode") == 0 for s in steps if "returncode" in s) else 1
+
+
+def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: int, repeats: int) -> dict:
+    import torch
+
+    from specc.bench.machine import versions
+    from specc.bench.memory import MemoryProbe
+    from specc.bench.prompts import load_prompt_set
+    from specc.bench.runner import run_interleaved
+    from specc.bench.systems import hf_system, engine_system
+    from specc.capture.load import load_model
+    from specc.engine.loaded import load_engine
+
+    engines = {}
+    for name, path in compiled:
+        start = time.perf_counter()
+        engines[name] = load_engine(path, device="cuda")
+        print(f"gpu_check: loaded {name} in {time.perf_counter() - start:.0f} s", flush=True)
+    first = next(iter(engines.values()))
+    prompts = [first.encode(p.text) for p in load_prompt_set("code", num_prompts).prompts]
+    model = load_model(Path(first.manifest["source_checkpoint"]), "bfloat16").to("cuda")
+    systems = [hf_system("hf-greedy", "HF generate, dynamic cache", model, max_new_tokens),
+               hf_system("hf-static-cache", "HF generate, static cache", model, max_new_tokens,
+                         cache_implementation="static")]
+    systems += [engine_system(name, f"specc {name}", "engine", engine, max_new_tokens)
+                for name, engine in engines.items()]
+    runs = run_interleaved(systems, prompts, repeats, MemoryProbe(), show_progress=False)
+    summary = summarize(runs, [s.name for s in systems], len(prompts))
+    graphs = {name: {g: {"replays": cg.replays, "captured_shapes": len(cg.graphs),
+                         "uncapturable_shapes": len(cg.uncapturable)} for g, cg in engine.cuda_graphs.items()}
+              for name, engine in engines.items()}
+    return {"device": torch.cuda.get_device_name(0), "versions": versions(), "dtype": "bfloat16",
+            "prompts": len(prompts), "prompt_set": "code", "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "systems": summary, "cuda_graphs": graphs, "runs": [r.to_json() for r in runs]}
+
+
+def summarize(runs, names: list[str], prompts: int) -> dict:
+    """Per system: tokens/s per repeat (median, min, max), speedups over specc none of the same
+    backend and over HF static, mean accepted length, acceptance, identity with specc none."""
+    by_system = {name: [r for r in runs if r.system == name] for name in names}
+    result = {}
+    for name, mine in by_system.items():
+        per_repeat = {}
+        for run in mine:
+            tokens, seconds = per_repeat.get(run.repeat, (0, 0.0))
+            per_repeat[run.repeat] = (tokens + len(run.token_ids), seconds + run.seconds)
+        rates = [t / s for t, s in per_repeat.values()]
+        entry = {"tokens_per_second": {"median": round(statistics.median(rates), 1), "min": round(min(rates), 1),
+                                       "max": round(max(rates), 1)}}
+        stats = [r.stats for r in mine if r.stats is not None]
+        if stats:
+            forwards = sum(s.target_forward_passes for s in stats)
+            drafted = sum(s.drafted_tokens for s in stats)
+            entry["mean_accepted_length"] = round(sum(len(r.token_ids) for r in mine) / max(forwards, 1), 3)
+            entry["acceptance_rate"] = round(sum(s.accepted_tokens for s in stats) / drafted, 3) if drafted else None
+        result[name] = entry
+    for name, entry in result.items():
+        backend = name.rsplit("-", 1)[-1]
+        none = f"none-{backend}"
+        if none in result and name != none:
+            entry["speedup_over_none"] = round(entry["tokens_per_second"]["median"]
+                                               / result[none]["tokens_per_second"]["median"], 3)
+            entry["identical_to_none"] = _identical(by_system[name], by_system[none], prompts)
+        if "hf-static-cache" in result and name != "hf-static-cache":
+            entry["speedup_over_hf_static"] = round(entry["tokens_per_second"]["median"]
+                                                    / result["hf-static-cache"]["tokens_per_second"]["median"], 3)
+    return result
+
+
+def _identical(mine, reference, prompts: int) -> str:
+    want = {r.prompt_index: r.token_ids for r in reference if r.repeat == 0}
+    got = {r.prompt_index: r.token_ids for r in mine if r.repeat == 0}
+    return f"{sum(got[i] == want[i] for i in want if i in got)}/{prompts}"
+
+
+def markdown(report: dict) -> str:
+    lines = ["# GPU check: SmolLM2-135M-Instruct, bfloat16", ""]
+    for step in report["compiles"]:
+        lines.append(f"- compile {step['engine']}: " + (step.get("skipped") or
+                                                        f"rc {step['returncode']}, {step['seconds']} s"))
+    if "bench" not in report:
+        return "\n".join(lines + ["", "no benchmark: " + report.get("bench_error", "nothing compiled")[-2000:]]) + "\n"
+    bench = report["bench"]
+    lines += ["", f"{bench['device']}; torch {bench['versions'].get('torch')}; {bench['prompts']} `code` prompts x "
+              f"{bench['max_new_tokens']} new tokens, greedy, batch 1, {bench['repeats']} interleaved repeats", "",
+              "| system | tok/s median [min-max] | vs specc none | vs HF static | mean accepted length | "
+              "acceptance | identical to none |", "|---|---|---|---|---|---|---|"]
+    for name, entry in bench["systems"].items():
+        tps = entry["tokens_per_second"]
+        lines.append(f"| {name} | {tps['median']} [{tps['min']}-{tps['max']}] | {entry.get('speedup_over_none', '—')} "
+                     f"| {entry.get('speedup_over_hf_static', '—')} | {entry.get('mean_accepted_length', '—')} | "
+                     f"{entry.get('acceptance_rate', '—')} | {entry.get('identical_to_none', '—')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _logged(command: list[str], log: Path, budget: float) -> tuple[int, float]:
+    start = time.perf_counter()
+    with log.open("w") as sink:
+        try:
+            code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=max(budget, 1)).returncode
+        except subprocess.TimeoutExpired:
+            sink.write(f"\ngpu_check: timed out after {budget:.0f} s\n")
+            code = 124
+    return code, time.perf_counter() - start
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU check (benchmarks/gpu_check.py): `pytest -m gpu`, then SmolLM2-135M-Instruct bfloat16
+# engines (none, prompt-lookup, kangaroo; inductor, then aoti) on one CUDA GPU against Hugging Face
+# generate with a dynamic and a static cache. Results and logs go to $OUT/gpu-check (or
+# ./gpu-check-out without $OUT).
+#
+# The lent GPU machine has torch, transformers, triton and accelerate but no network and no gguf
+# or pytest package, and a command carries at most 64 MiB of files; the SmolLM2 GGUF is 98 MB.
+# So, on a machine with the package index (a specc checkout with its venv and the GGUF fetched):
+#
+#     bash benchmarks/gpu_check.sh prepare      # wheels + the GGUF in two sha256-checked halves
+#                                               # under .gpu_carry/ (git-ignored)
+#
+# then, on the GPU machine, two commands back to back (files outside the checkout survive between
+# them only while the machine stays up, about 30 s), each carrying the wheels and one half:
+#
+#     1. bash benchmarks/gpu_check.sh tests     carry: .gpu_carry/wheels .gpu_carry/part1
+#        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs pytest -m gpu; ~4 min)
+#     2. bash benchmarks/gpu_check.sh smollm2   carry: .gpu_carry/wheels .gpu_carry/part2
+#        (joins the halves, checks the sha256, compiles and benchmarks; ~8 min)
+#
+# With the device tool: run(command="bash benchmarks/gpu_check.sh tests",
+# carry=[".gpu_carry/wheels", ".gpu_carry/part1"]), then the same with `smollm2` and part2.
+# On a GPU machine with the package index, `pip install gguf pytest` and
+# `bash benchmarks/gpu_check.sh all GGUF_FILE` does both in one go.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GGUF_SHA256=${GGUF_SHA256:-}
+KEEP=/tmp/specc-gpu
+OUT_DIR=${OUT:-$PWD/gpu-check-out}/gpu-check
+CARRY=.gpu_carry
+
+install_wheels() {
+    if [ -d "$CARRY/wheels" ]; then
+        python -m pip install --quiet --no-deps --no-index --target "$PWD/.gpu_site" "$CARRY"/wheels/*.whl
+        export PYTHONPATH="$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    mkdir -p "$OUT_DIR"
+    { nvidia-smi || true; python -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'cuda', torch.cuda.is_available())"; } > "$OUT_DIR/machine.txt" 2>&1
+}
+
+case "${1:-}" in
+prepare)
+    gguf=$(python -m specc.refmodels fetch smollm2-135m | tail -n 1)
+    [ -f "$gguf" ] || gguf=$(ls "$HOME"/.cache/specc/downloads/smollm2-135m/*.gguf)
+    rm -rf "$CARRY" && mkdir -p "$CARRY/wheels" "$CARRY/part1" "$CARRY/part2"
+    python -m pip wheel --quiet --no-deps -w "$CARRY/wheels" . examples/prompt_lookup
+    python -m pip download --quiet --no-deps -d "$CARRY/wheels" gguf pytest pluggy iniconfig
+    half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
+    split -b "$half" -d -a 1 "$gguf" "$CARRY/model."
+    mv "$CARRY/model.0" "$CARRY/part1/model.gguf.0" && mv "$CARRY/model.1" "$CARRY/part2/model.gguf.1"
+    (cd "$CARRY" && sha256sum part1/model.gguf.0 part2/model.gguf.1 > parts.sha256 && sha256sum "$gguf" | cut -d' ' -f1 > whole.sha256)
+    cp "$CARRY/parts.sha256" "$CARRY/whole.sha256" "$CARRY/part1/" && cp "$CARRY/whole.sha256" "$CARRY/part2/"
+    du -sh "$CARRY"/* ;;
+tests)
+    install_wheels
+    mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed" ;;
+smollm2)
+    install_wheels
+    cp "$CARRY"/part2/* "$KEEP/"
+    (cd "$KEEP" && mkdir -p part1 part2 && cp model.gguf.0 part1/ && cp model.gguf.1 part2/ && sha256sum -c parts.sha256)
+    cat "$KEEP/model.gguf.0" "$KEEP/model.gguf.1" > "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf"
+    echo "$(cat "$KEEP/whole.sha256")  $KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c
+    python benchmarks/gpu_check.py smollm2 --gguf "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$OUT_DIR" \
+        --budget "${BUDGET:-500}" ;;
+all)
+    install_wheels
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed"
+    python benchmarks/gpu_check.py smollm2 --gguf "$2" --out "$OUT_DIR" --budget 500 ;;
+*)
+    echo "usage: bash benchmarks/gpu_check.sh prepare|tests|smollm2|all GGUF" >&2; exit 2 ;;
+esac

@@ -1,0 +1,111 @@
+"""Replay each graph call on a CUDA device as a captured CUDA graph.
+
+On a GPU a decode step of a small model is a few hundred short kernels, and
+launching them one by one from Python costs more than running them. So on
+CUDA every call of a lowered graph (eager, Inductor or AOTInductor) runs as
+a CUDA graph, captured on the first call of its shape and replayed after.
+
+Shapes are made few: query rows are padded up to a bucket (`ROW_BUCKETS`,
+the last row repeated, as `specc.lower.row_padding` pads: a repeated row
+writes the same K/V to the same slot), and the key axis is already a
+multiple of `specc.runtime.masks.KEY_BLOCK`. A graph per (rows, keys) pair
+is captured lazily; calls with more rows than the largest bucket (prompt
+chunks) run uncaptured. The KV caches are graph inputs that keep their
+addresses, so a captured graph reads and writes the live caches; every
+other input is copied into the graph's own buffers before a replay, and
+outputs are copied out after it (the next replay overwrites them).
+
+A call whose capture fails (an operation CUDA graphs cannot record) runs
+uncaptured from then on; `CudaGraphs.uncapturable` says which shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specc.lower.row_padding import RowPadding, q_axes
+
+log = logging.getLogger("specc")
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CACHE_ROLE = "kv_cache"
+
+
+class CudaGraphs:
+    """`forward` (a lowered graph with `signature`) replayed from CUDA graphs, one per shape."""
+
+    def __init__(self, forward, signature, pool=None, buckets: tuple[int, ...] = ROW_BUCKETS):
+        self.forward = forward
+        self.buckets = buckets
+        self.static_inputs = frozenset(i for i, spec in enumerate(signature.inputs) if spec.role == CACHE_ROLE)
+        self.inputs_q = q_axes(signature.inputs)
+        self.outputs_q = q_axes(signature.outputs)
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, _Captured] = {}
+        self.uncapturable: set[tuple] = set()
+        self.replays = 0
+
+    def __call__(self, *args):
+        if not self.inputs_q:
+            return self.forward(*args)
+        index, axis = self.inputs_q[0]
+        rows = args[index].shape[axis]
+        bucket = next((b for b in self.buckets if b >= rows), None)
+        if bucket is None:
+            return self.forward(*args)
+        padding = RowPadding(bucket, self.inputs_q, self.outputs_q)
+        padded = padding.pad(args) if bucket > rows else list(args)
+        key = self._key(padded)
+        if key in self.uncapturable:
+            return padding.unpad(self.forward(*padded), rows)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self._capture(key, padded)
+            if graph is None:
+                return padding.unpad(self.forward(*padded), rows)
+        self.replays += 1
+        return padding.unpad(graph.replay(padded, self.static_inputs), rows, copy=True)
+
+    def _key(self, args) -> tuple:
+        return tuple((tuple(a.shape), a.dtype, a.data_ptr() if i in self.static_inputs else None)
+                     for i, a in enumerate(args))
+
+    def _capture(self, key: tuple, args: list):
+        try:
+            graph = _Captured.record(self.forward, args, self.static_inputs, self.pool)
+        except Exception as exc:   # noqa: BLE001 - any capture failure falls back to plain calls
+            log.warning("CUDA graph capture failed for shapes %s (%s: %s); running those calls uncaptured",
+                        [k[0] for k in key], type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self.uncapturable.add(key)
+            return None
+        self.graphs[key] = graph
+        return graph
+
+
+class _Captured:
+    def __init__(self, graph, inputs, outputs, single: bool):
+        self.graph, self.inputs, self.outputs, self.single = graph, inputs, outputs, single
+
+    @classmethod
+    def record(cls, forward, args: list, static: frozenset, pool) -> "_Captured":
+        """Warm up once on a side stream (as CUDA graph capture requires), then capture."""
+        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward(*inputs)   # the real call's inputs: cache writes are the ones the call makes anyway
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            result = forward(*inputs)
+        single = not isinstance(result, (list, tuple))
+        return cls(graph, inputs, [result] if single else list(result), single)
+
+    def replay(self, args: list, static: frozenset):
+        for i, (mine, given) in enumerate(zip(self.inputs, args)):
+            if i not in static:
+                mine.copy_(given, non_blocking=True)
+        self.graph.replay()
+        return self.outputs[0] if self.single else list(self.outputs)

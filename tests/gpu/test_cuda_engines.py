@@ -1,0 +1,136 @@
+"""Engines on a CUDA device: exactness, CUDA graph replay, training there, and the device errors.
+
+Every test here needs a GPU (`-m gpu`); without one they skip. benchmarks/gpu_check.sh runs them.
+`SPECC_GPU_TESTS_DEVICE=cpu` runs the same tests on the CPU (no CUDA graph checks): a rehearsal
+of everything but the CUDA specifics, e.g. under another torch version.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specc.compiler import CompileRequest, compile_engine
+from specc.engine.loaded import load_engine
+from specc.errors import UsageError
+from specc.testing import sample_calibration_text, varied_prompts
+
+DEVICE = os.environ.get("SPECC_GPU_TESTS_DEVICE", "cuda")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
+                                                  reason="needs a CUDA device")]
+cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="about CUDA itself")
+
+MAX_SEQ_LEN = 128
+NEW_TOKENS = 24
+TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+
+
+def _hf_greedy_on_cuda(checkpoint: Path, prompts: list[list[int]], dtype=torch.float32) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(DEVICE).eval()
+    with torch.inference_mode():
+        return [model.generate(torch.tensor([ids], device=DEVICE), do_sample=False, max_new_tokens=NEW_TOKENS,
+                               attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=DEVICE)
+                               )[0, len(ids):].tolist() for ids in prompts]
+
+
+def _compile(target, tmp_path: Path, method: str, backend: str, dtype: str = "float32", settings=()) -> Path:
+    output = tmp_path / f"{method}-{backend}-{dtype}"
+    report = compile_engine(CompileRequest(model=str(target), method=method, output=output, backend=backend,
+                                           dtype=dtype, max_seq_len=MAX_SEQ_LEN, settings=list(settings),
+                                           device=DEVICE))
+    assert report["device"] == DEVICE
+    return output
+
+
+def _decode(engine, prompts) -> list[list[int]]:
+    return [engine.generate_ids(ids, NEW_TOKENS).token_ids for ids in prompts]
+
+
+def _assert_replayed(engine) -> None:
+    if DEVICE == "cpu":
+        return
+    assert engine.cuda_graphs, "no graph runs from CUDA graphs"
+    assert sum(g.replays for g in engine.cuda_graphs.values()) > 0
+    assert not any(g.uncapturable for g in engine.cuda_graphs.values()), \
+        {name: g.uncapturable for name, g in engine.cuda_graphs.items()}
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, tmp_path, backend):
+    target = checkpoints("llama")[0]
+    prompts = varied_prompts(6, 96, seed=3)
+    engine = load_engine(_compile(target, tmp_path, "none", backend), device=DEVICE)
+    assert engine.device.type == DEVICE
+    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
+    _assert_replayed(engine)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_kangaroo_trains_on_the_gpu_and_matches_hf_greedy(checkpoints, tmp_path, backend):
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+    path = _compile(target, tmp_path, "kangaroo", backend, settings=[*TRAIN, f"calib_data={calib}"])
+    engine = load_engine(path, device=DEVICE)
+    assert engine.manifest["training"]["device"].startswith(DEVICE)
+    prompts = varied_prompts(6, 96, seed=4)
+    results = [engine.generate_ids(ids, NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == _hf_greedy_on_cuda(target, prompts)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+    _assert_replayed(engine)
+
+
+def test_prompt_lookup_in_bfloat16_matches_its_none_engine(checkpoints, tmp_path, prompt_lookup_method):
+    target = checkpoints("llama")[0]
+    prompts = [ids + ids[:6] for ids in varied_prompts(6, 96, seed=5)]   # repeats give lookups something to find
+    none = load_engine(_compile(target, tmp_path, "none", "inductor", "bfloat16"), device=DEVICE)
+    lookup = load_engine(_compile(target, tmp_path, "prompt-lookup", "inductor", "bfloat16"), device=DEVICE)
+    results = [lookup.generate_ids(ids, NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == _decode(none, prompts)
+    assert sum(r.stats.drafted_tokens for r in results) > 0
+    _assert_replayed(lookup)
+
+
+def test_kangaroo_in_bfloat16_matches_its_none_engine(checkpoints, tmp_path):
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+    prompts = varied_prompts(6, 96, seed=6)
+    none = load_engine(_compile(target, tmp_path, "none", "inductor", "bfloat16"), device=DEVICE)
+    kangaroo = load_engine(_compile(target, tmp_path, "kangaroo", "inductor", "bfloat16",
+                                    [*TRAIN, f"calib_data={calib}"]), device=DEVICE)
+    assert _decode(kangaroo, prompts) == _decode(none, prompts)
+
+
+@cuda_only
+def test_an_aoti_engine_for_cuda_refuses_the_cpu(checkpoints, tmp_path):
+    path = _compile(checkpoints("llama")[0], tmp_path, "none", "aoti")
+    with pytest.raises(UsageError, match="compiled for cuda"):
+        load_engine(path, device="cpu")
+    assert load_engine(path).device.type == "cuda"   # auto: where its packages run
+
+
+@cuda_only
+def test_an_eager_engine_compiled_for_the_cpu_runs_on_cuda(checkpoints, tmp_path):
+    target = checkpoints("llama")[0]
+    output = tmp_path / "cpu-engine"
+    compile_engine(CompileRequest(model=str(target), method="none", output=output, max_seq_len=MAX_SEQ_LEN,
+                                  device="cpu"))
+    prompts = varied_prompts(3, 96, seed=8)
+    on_cpu = _decode(load_engine(output, device="cpu"), prompts)
+    assert _decode(load_engine(output, device=DEVICE), prompts) == on_cpu
+
+
+@cuda_only
+def test_a_cache_too_large_for_the_gpu_is_a_clear_error(checkpoints, tmp_path, monkeypatch):
+    path = _compile(checkpoints("llama")[0], tmp_path, "none", "eager")
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    from specc.runtime import kv_cache
+    monkeypatch.setattr(kv_cache.KVCache, "__init__", out_of_memory)
+    with pytest.raises(UsageError, match="does not fit in the device's memory"):
+        load_engine(path, device=DEVICE)
