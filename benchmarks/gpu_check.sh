@@ -33,8 +33,11 @@ CARRY=.gpu_carry
 
 install_wheels() {
     if [ -d "$CARRY/wheels" ]; then
-        python -m pip install --quiet --no-deps --no-index --target "$PWD/.gpu_site" "$CARRY"/wheels/*.whl
-        export PYTHONPATH="$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+        # pure-Python wheels unpacked onto the path: no pip or network needed; their .dist-info
+        # carries the entry point that registers prompt-lookup
+        python -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('.gpu_site') for w in glob.glob('$CARRY/wheels/*.whl')]"
+        # the checkout's code first: the wheels may be older than the working tree
+        export PYTHONPATH="$PWD:$PWD/examples/prompt_lookup:$PWD/.gpu_site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     mkdir -p "$OUT_DIR"
     { nvidia-smi || true; python -c "import torch, transformers; print('torch', torch.__version__, 'transformers',

@@ -26,7 +26,8 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
     lines = [
         f"engine {engine_dir}",
         f"  method {manifest['method']}  config {json.dumps(manifest['method_config'])}",
-        f"  backend {manifest['backend']}  dtype {manifest['dtype']}  max_seq_len {manifest['max_seq_len']}",
+        f"  backend {manifest['backend']}  dtype {manifest['dtype']}  max_seq_len {manifest['max_seq_len']}  "
+        f"device {manifest.get('device', 'cpu')}",
     ]
     for name, entry in manifest["graphs"].items():
         arch = entry["architecture"]

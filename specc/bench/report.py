@@ -11,7 +11,7 @@ def format_report(doc: dict) -> str:
     engine, settings, model = doc["engine"], doc["settings"], doc["model"]
     lines = [
         f"specc bench: {engine['path']} — method {engine['method']} ({engine['backend']}, {engine['dtype']}, "
-        f"{'lossless' if engine['lossless'] else 'lossy'})",
+        f"{'lossless' if engine['lossless'] else 'lossy'}) on {settings.get('device', 'cpu')}",
         f"model {model['model_type']} {model['parameters'] / 1e6:.2f}M params ({model['checkpoint']}); "
         f"prompts {settings['prompt_set']} x{settings['num_prompts']}; {settings['max_new_tokens']} new tokens; "
         f"{settings['repeats']} repeat(s) after 1 warm-up per system; greedy, batch 1",

@@ -40,6 +40,8 @@ class CudaGraphs:
         self.forward = forward
         self.buckets = buckets
         self.static_inputs = frozenset(i for i, spec in enumerate(signature.inputs) if spec.role == CACHE_ROLE)
+        self.copied_inputs = tuple(i for i in range(len(signature.inputs)) if i not in self.static_inputs)
+        self.first_static = min(self.static_inputs, default=None)
         self.inputs_q = q_axes(signature.inputs)
         self.outputs_q = q_axes(signature.outputs)
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
@@ -66,18 +68,20 @@ class CudaGraphs:
             if graph is None:
                 return padding.unpad(self.forward(*padded), rows)
         self.replays += 1
-        return padding.unpad(graph.replay(padded, self.static_inputs), rows, copy=True)
+        return padding.unpad(graph.replay(padded, self.copied_inputs), rows, copy=True)
 
     def _key(self, args) -> tuple:
-        return tuple((tuple(a.shape), a.dtype, a.data_ptr() if i in self.static_inputs else None)
-                     for i, a in enumerate(args))
+        """The shapes of the copied inputs and where the caches live (one KV cache allocates
+        all of its tensors together, so its first tensor's address names the set)."""
+        shapes = tuple(tuple(args[i].shape) for i in self.copied_inputs)
+        return shapes, None if self.first_static is None else args[self.first_static].data_ptr()
 
     def _capture(self, key: tuple, args: list):
         try:
             graph = _Captured.record(self.forward, args, self.static_inputs, self.pool)
         except Exception as exc:   # noqa: BLE001 - any capture failure falls back to plain calls
-            log.warning("CUDA graph capture failed for shapes %s (%s: %s); running those calls uncaptured",
-                        [k[0] for k in key], type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.warning("CUDA graph capture failed for input shapes %s (%s: %s); running those calls uncaptured",
+                        list(key[0]), type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             self.uncapturable.add(key)
             return None
         self.graphs[key] = graph
@@ -103,9 +107,8 @@ class _Captured:
         single = not isinstance(result, (list, tuple))
         return cls(graph, inputs, [result] if single else list(result), single)
 
-    def replay(self, args: list, static: frozenset):
-        for i, (mine, given) in enumerate(zip(self.inputs, args)):
-            if i not in static:
-                mine.copy_(given, non_blocking=True)
+    def replay(self, args: list, copied: tuple[int, ...]):
+        for i in copied:
+            self.inputs[i].copy_(args[i], non_blocking=True)
         self.graph.replay()
         return self.outputs[0] if self.single else list(self.outputs)

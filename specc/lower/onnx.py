@@ -82,7 +82,10 @@ class OnnxBackend(Backend):
         return export_onnx(target, artifacts)
 
     def load(self, target: LoweringTarget, artifacts: Path, manifest: dict):
-        import_onnxruntime()
+        ort = import_onnxruntime()
+        if target.device.type == "cuda" and "CUDAExecutionProvider" not in execution_providers(ort):
+            raise UsageError(f"--device {target.device}: this onnxruntime ({ort.__version__}) has no CUDA execution "
+                             f"provider; pip install onnxruntime-gpu, or load the engine with --device cpu")
         path = artifacts / onnx_file_name(target.name)
         if not path.is_file():
             raise UsageError(f"the engine has no ONNX graph for {target.name!r}; "

@@ -38,13 +38,27 @@ def _hf_greedy_on_cuda(checkpoint: Path, prompts: list[list[int]], dtype=torch.f
                                )[0, len(ids):].tolist() for ids in prompts]
 
 
-def _compile(target, tmp_path: Path, method: str, backend: str, dtype: str = "float32", settings=()) -> Path:
-    output = tmp_path / f"{method}-{backend}-{dtype}"
-    report = compile_engine(CompileRequest(model=str(target), method=method, output=output, backend=backend,
-                                           dtype=dtype, max_seq_len=MAX_SEQ_LEN, settings=list(settings),
-                                           device=DEVICE))
-    assert report["device"] == DEVICE
-    return output
+@pytest.fixture(scope="module")
+def compiled(checkpoints, tmp_path_factory):
+    """(method, backend, dtype) -> engine directory, compiled once for this module on DEVICE;
+    kangaroo trains briefly on text the target samples."""
+    built: dict[tuple, Path] = {}
+
+    def get(method: str, backend: str, dtype: str = "float32") -> Path:
+        if (method, backend, dtype) not in built:
+            target = checkpoints("llama")[0]
+            root = tmp_path_factory.mktemp(f"{method}-{backend}-{dtype}")
+            settings = []
+            if method == "kangaroo":
+                settings = [*TRAIN, f"calib_data={sample_calibration_text(target, root / 'calib.txt', sequences=32)}"]
+            report = compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
+                                                   backend=backend, dtype=dtype, max_seq_len=MAX_SEQ_LEN,
+                                                   settings=settings, device=DEVICE))
+            assert report["device"] == DEVICE
+            built[method, backend, dtype] = root / "engine"
+        return built[method, backend, dtype]
+
+    return get
 
 
 def _decode(engine, prompts) -> list[list[int]]:
@@ -60,22 +74,20 @@ def _assert_replayed(engine) -> None:
         {name: g.uncapturable for name, g in engine.cuda_graphs.items()}
 
 
-@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
-def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, tmp_path, backend):
-    target = checkpoints("llama")[0]
-    prompts = varied_prompts(6, 96, seed=3)
-    engine = load_engine(_compile(target, tmp_path, "none", backend), device=DEVICE)
-    assert engine.device.type == DEVICE
-    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
-    _assert_replayed(engine)
+def test_prompt_lookup_in_bfloat16_matches_its_none_engine(checkpoints, compiled, prompt_lookup_method):
+    prompts = [ids + ids[:6] for ids in varied_prompts(6, 96, seed=5)]   # repeats give lookups something to find
+    none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
+    lookup = load_engine(compiled("prompt-lookup", "inductor", "bfloat16"), device=DEVICE)
+    results = [lookup.generate_ids(ids, NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == _decode(none, prompts)
+    assert sum(r.stats.drafted_tokens for r in results) > 0
+    _assert_replayed(lookup)
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-def test_kangaroo_trains_on_the_gpu_and_matches_hf_greedy(checkpoints, tmp_path, backend):
+def test_kangaroo_trains_on_the_device_and_matches_hf_greedy(checkpoints, compiled, backend):
     target = checkpoints("llama")[0]
-    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
-    path = _compile(target, tmp_path, "kangaroo", backend, settings=[*TRAIN, f"calib_data={calib}"])
-    engine = load_engine(path, device=DEVICE)
+    engine = load_engine(compiled("kangaroo", backend), device=DEVICE)
     assert engine.manifest["training"]["device"].startswith(DEVICE)
     prompts = varied_prompts(6, 96, seed=4)
     results = [engine.generate_ids(ids, NEW_TOKENS) for ids in prompts]
@@ -84,30 +96,26 @@ def test_kangaroo_trains_on_the_gpu_and_matches_hf_greedy(checkpoints, tmp_path,
     _assert_replayed(engine)
 
 
-def test_prompt_lookup_in_bfloat16_matches_its_none_engine(checkpoints, tmp_path, prompt_lookup_method):
-    target = checkpoints("llama")[0]
-    prompts = [ids + ids[:6] for ids in varied_prompts(6, 96, seed=5)]   # repeats give lookups something to find
-    none = load_engine(_compile(target, tmp_path, "none", "inductor", "bfloat16"), device=DEVICE)
-    lookup = load_engine(_compile(target, tmp_path, "prompt-lookup", "inductor", "bfloat16"), device=DEVICE)
-    results = [lookup.generate_ids(ids, NEW_TOKENS) for ids in prompts]
-    assert [r.token_ids for r in results] == _decode(none, prompts)
-    assert sum(r.stats.drafted_tokens for r in results) > 0
-    _assert_replayed(lookup)
-
-
-def test_kangaroo_in_bfloat16_matches_its_none_engine(checkpoints, tmp_path):
-    target = checkpoints("llama")[0]
-    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+def test_kangaroo_in_bfloat16_matches_its_none_engine(compiled):
     prompts = varied_prompts(6, 96, seed=6)
-    none = load_engine(_compile(target, tmp_path, "none", "inductor", "bfloat16"), device=DEVICE)
-    kangaroo = load_engine(_compile(target, tmp_path, "kangaroo", "inductor", "bfloat16",
-                                    [*TRAIN, f"calib_data={calib}"]), device=DEVICE)
+    none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
+    kangaroo = load_engine(compiled("kangaroo", "inductor", "bfloat16"), device=DEVICE)
     assert _decode(kangaroo, prompts) == _decode(none, prompts)
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, compiled, backend):
+    target = checkpoints("llama")[0]
+    prompts = varied_prompts(6, 96, seed=3)
+    engine = load_engine(compiled("none", backend), device=DEVICE)
+    assert engine.device.type == DEVICE
+    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
+    _assert_replayed(engine)
+
+
 @cuda_only
-def test_an_aoti_engine_for_cuda_refuses_the_cpu(checkpoints, tmp_path):
-    path = _compile(checkpoints("llama")[0], tmp_path, "none", "aoti")
+def test_an_aoti_engine_for_cuda_refuses_the_cpu(compiled):
+    path = compiled("none", "aoti")
     with pytest.raises(UsageError, match="compiled for cuda"):
         load_engine(path, device="cpu")
     assert load_engine(path).device.type == "cuda"   # auto: where its packages run
@@ -125,8 +133,8 @@ def test_an_eager_engine_compiled_for_the_cpu_runs_on_cuda(checkpoints, tmp_path
 
 
 @cuda_only
-def test_a_cache_too_large_for_the_gpu_is_a_clear_error(checkpoints, tmp_path, monkeypatch):
-    path = _compile(checkpoints("llama")[0], tmp_path, "none", "eager")
+def test_a_cache_too_large_for_the_gpu_is_a_clear_error(compiled, monkeypatch):
+    path = compiled("none", "eager")
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")

@@ -26,10 +26,9 @@ class Recorded:
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
         return cls(forward, inputs, list(forward(*inputs)))
 
-    def replay(self, args, static):
-        for i, (mine, given) in enumerate(zip(self.inputs, args)):
-            if i not in static:
-                mine.copy_(given)
+    def replay(self, args, copied):
+        for i in copied:
+            self.inputs[i].copy_(args[i])
         for buffer, fresh in zip(self.outputs, self.forward(*self.inputs)):
             buffer.copy_(fresh)
         return list(self.outputs)
