@@ -6,11 +6,14 @@ Hugging Face `generate` (dynamic and static cache), side by side in one process.
 
 (`--device cpu` with any checkpoint as `--gguf` rehearses the script on a CPU.)
 
-`tests` runs `pytest -m gpu`. `smollm2` compiles bfloat16 engines for `cuda` in priority
-order (none, prompt-lookup and kangaroo under inductor, then under aoti), each while the
-budget leaves room for the benchmark, then benchmarks every engine that compiled against HF
-greedy `generate` (dynamic cache and `cache_implementation="static"`) on the same prompts,
-interleaved, and writes `DIR/gpu-check.json` and `DIR/gpu-check.md`. Logs go to `DIR/logs/`.
+`tests` runs `pytest -m gpu`. `smollm2` works through backend groups (inductor, then aoti):
+it compiles the group's bfloat16 engines for `cuda` (none, prompt-lookup, kangaroo), each while
+the budget leaves room for the group's benchmark, then benchmarks them in a process of their
+own (the inductor group against HF `generate` with a dynamic cache and with
+`cache_implementation="static"`), interleaved on the same prompts, and writes
+`DIR/gpu-check.json` and `DIR/gpu-check.md` (kept up to date after every step, so a run cut
+short still reports what finished). Logs go to `DIR/logs/`; every process runs with
+`-X faulthandler`, so a crash leaves its Python stack in the log.
 benchmarks/gpu_check.sh is the wrapper that runs both on a lent GPU machine.
 """
 
@@ -24,22 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-ENGINES = (   # (name, method, backend), most wanted first
-    ("none-inductor", "none", "inductor"),
-    ("prompt-lookup-inductor", "prompt-lookup", "inductor"),
-    ("kangaroo-inductor", "kangaroo", "inductor"),
-    ("none-aoti", "none", "aoti"),
-    ("prompt-lookup-aoti", "prompt-lookup", "aoti"),
-    ("kangaroo-aoti", "kangaroo", "aoti"),
+GROUPS = (   # (backend, methods): each group compiles, then is benchmarked in a process of its own
+    ("inductor", ("none", "prompt-lookup", "kangaroo")),
+    ("aoti", ("none", "prompt-lookup", "kangaroo")),
 )
-BENCH_RESERVE_S = 240   # what the benchmark needs after the last compile (inductor engines compile at load)
-RUN_RESERVE_S = 100     # what the timed runs need after the last engine loads
+HF_GROUP = "inductor"   # the group whose benchmark also runs HF generate (dynamic and static cache)
+BENCH_RESERVE_S = 200   # what a group's benchmark needs after its last compile (inductor compiles at load)
 MAX_SEQ_LEN = 1024
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("tests", "smollm2"))
+    parser.add_argument("stage", choices=("tests", "smollm2", "bench"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--budget", type=float, default=None, help="seconds this stage may take")
@@ -47,78 +46,95 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--group", help="bench: the backend group's name")
+    parser.add_argument("--engines", nargs="*", default=[], help="bench: NAME=DIR of each engine")
+    parser.add_argument("--hf", action="store_true", help="bench: also run HF generate")
     args = parser.parse_args(argv)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     if args.stage == "tests":
         return run_tests(args.out, args.budget or 200)
+    if args.stage == "bench":
+        return run_bench_group(args)
     return run_smollm2(args, args.budget or 480)
 
 
 def run_tests(out: Path, budget: float) -> int:
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-v", "-rs",
-               "tests/gpu", "tests/lower/test_cuda_graphs.py"]
+    command = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu",
+               "-v", "-rs", "tests/gpu"]
     code, seconds = _logged(command, out / "logs" / "pytest-gpu.log", budget)
     _write(out / "pytest-gpu.json", {"command": " ".join(command), "returncode": code, "seconds": seconds})
     return code
 
 
 def run_smollm2(args, budget: float) -> int:
+    """Per backend group: compile its engines while the budget leaves room for its benchmark,
+    then benchmark them in a separate process (a crash there loses only that group)."""
     if args.gguf is None or not args.gguf.exists():
         print(f"gpu_check: --gguf {args.gguf} does not exist", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    compiled, steps = [], []
-    for name, method, backend in ENGINES:
-        left = budget - (time.perf_counter() - start) - BENCH_RESERVE_S
-        if left < 30:
-            steps.append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})
-            continue
-        output = args.out / "engines" / name
-        command = [sys.executable, "-m", "specc.cli.main", "compile", str(args.gguf), "--method", method,
-                   "--backend", backend, "--dtype", "bfloat16", "--device", args.device, "--max-seq-len",
-                   str(MAX_SEQ_LEN), "-o", str(output), "--force"]
-        code, seconds = _logged(command, args.out / "logs" / f"compile-{name}.log", left)
-        steps.append({"engine": name, "returncode": code, "seconds": round(seconds, 1)})
-        if code == 0:
-            compiled.append((name, output))
-        print(f"gpu_check: compile {name}: rc {code} in {seconds:.0f} s", flush=True)
-    report = {"compiles": steps}
-    _write(args.out / "gpu-check.json", report)   # kept if the benchmark runs out of time
-    if compiled:
-        try:
-            deadline = start + budget - RUN_RESERVE_S
-            report["bench"] = bench(compiled, args.prompts, args.max_new_tokens, args.repeats, args.device, deadline)
-        except Exception as exc:   # noqa: BLE001 - the compile results are still worth writing
-            import traceback
-
-            report["bench_error"] = "".join(traceback.format_exception(exc))
-            print(report["bench_error"], file=sys.stderr)
+    report = {"compiles": [], "bench": {}}
+    for backend, methods in GROUPS:
+        compiled = []
+        for method in methods:
+            name = f"{method}-{backend}"
+            left = budget - (time.perf_counter() - start) - BENCH_RESERVE_S
+            if left < 30:
+                report["compiles"].append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})
+                continue
+            output = args.out / "engines" / name
+            command = [sys.executable, "-X", "faulthandler", "-m", "specc.cli.main", "compile", str(args.gguf),
+                       "--method", method, "--backend", backend, "--dtype", "bfloat16", "--device", args.device,
+                       "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(output), "--force"]
+            code, seconds = _logged(command, args.out / "logs" / f"compile-{name}.log", left)
+            report["compiles"].append({"engine": name, "returncode": code, "seconds": round(seconds, 1)})
+            if code == 0:
+                compiled.append(f"{name}={output}")
+            print(f"gpu_check: compile {name}: rc {code} in {seconds:.0f} s", flush=True)
+            _write(args.out / "gpu-check.json", report)
+        left = budget - (time.perf_counter() - start)
+        if compiled and left > 60:
+            command = [sys.executable, "-X", "faulthandler", __file__, "bench", "--out", str(args.out),
+                       "--group", backend, "--device", args.device, "--prompts", str(args.prompts),
+                       "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
+                       "--engines", *compiled, *(["--hf"] if backend == HF_GROUP else [])]
+            code, seconds = _logged(command, args.out / "logs" / f"bench-{backend}.log", left)
+            result = args.out / f"bench-{backend}.json"
+            report["bench"][backend] = (json.loads(result.read_text()) if result.is_file() else
+                                        {"error": f"rc {code} after {seconds:.0f} s; see logs/bench-{backend}.log"})
+            print(f"gpu_check: bench {backend}: rc {code} in {seconds:.0f} s", flush=True)
+        _write(args.out / "gpu-check.json", report)
     report["seconds"] = round(time.perf_counter() - start, 1)
     _write(args.out / "gpu-check.json", report)
     (args.out / "gpu-check.md").write_text(markdown(report))
     print(markdown(report))
-    return 0 if "bench" in report and all(s.get("returncode") == 0 for s in steps if "returncode" in s) else 1
+    ok = all(step.get("returncode", 0) == 0 for step in report["compiles"])
+    return 0 if ok and report["bench"] and all("error" not in b for b in report["bench"].values()) else 1
+
+
+def run_bench_group(args) -> int:
+    compiled = [(name, Path(path)) for name, path in (item.split("=", 1) for item in args.engines)]
+    result = bench(compiled, args.prompts, args.max_new_tokens, args.repeats, args.device, args.hf)
+    _write(args.out / f"bench-{args.group}.json", result)
+    return 0
 
 
 def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: int, repeats: int,
-          device: str, deadline: float) -> dict:
-    """Every engine that loads before `deadline` (perf_counter seconds) and the HF baselines."""
+          device: str, with_hf: bool) -> dict:
+    """The engines and (`with_hf`) HF generate with a dynamic and a static cache, interleaved."""
     import torch
 
     from specc.bench.machine import versions
     from specc.bench.memory import MemoryProbe
     from specc.bench.prompts import load_prompt_set
     from specc.bench.runner import run_interleaved
-    from specc.bench.systems import hf_system, engine_system
+    from specc.bench.systems import engine_system, hf_system
     from specc.capture.load import load_model
     from specc.engine.loaded import load_engine
 
-    engines, load_seconds = {}, {}
+    engines, load_seconds, notes = {}, {}, []
     for name, path in compiled:
         start = time.perf_counter()
-        if start > deadline:
-            load_seconds[name] = "not loaded: out of time"
-            continue
         try:
             engines[name] = load_engine(path, device=device)
         except Exception as exc:   # noqa: BLE001 - one engine that does not load leaves the others measurable
@@ -128,16 +144,17 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
         print(f"gpu_check: loaded {name} in {load_seconds[name]} s", flush=True)
     first = next(iter(engines.values()))
     prompts = [first.encode(p.text) for p in load_prompt_set("code", num_prompts).prompts]
-    model = load_model(Path(first.manifest["source_checkpoint"]), "bfloat16").to(device)
-    systems = [hf_system("hf-greedy", "HF generate, dynamic cache", model, max_new_tokens)]
-    static = hf_system("hf-static-cache", "HF generate, static cache", model, max_new_tokens,
-                       cache_implementation="static")
-    notes = []
-    try:
-        static.generate(prompts[0])   # compiles itself on the first call
-        systems.append(static)
-    except Exception as exc:   # noqa: BLE001
-        notes.append(f"HF static cache failed: {type(exc).__name__}: {exc}"[:2000])
+    systems = []
+    if with_hf:
+        model = load_model(Path(first.manifest["source_checkpoint"]), "bfloat16").to(device)
+        systems.append(hf_system("hf-greedy", "HF generate, dynamic cache", model, max_new_tokens))
+        static = hf_system("hf-static-cache", "HF generate, static cache", model, max_new_tokens,
+                           cache_implementation="static")
+        try:
+            static.generate(prompts[0])   # compiles itself on the first call
+            systems.append(static)
+        except Exception as exc:   # noqa: BLE001
+            notes.append(f"HF static cache failed: {type(exc).__name__}: {exc}"[:2000])
     systems += [engine_system(name, f"specc {name}", "engine", engine, max_new_tokens)
                 for name, engine in engines.items()]
     runs = run_interleaved(systems, prompts, repeats, MemoryProbe(), show_progress=False)
@@ -196,18 +213,23 @@ def markdown(report: dict) -> str:
     for step in report["compiles"]:
         lines.append(f"- compile {step['engine']}: " + (step.get("skipped") or
                                                         f"rc {step['returncode']}, {step['seconds']} s"))
-    if "bench" not in report:
-        return "\n".join(lines + ["", "no benchmark: " + report.get("bench_error", "nothing compiled")[-2000:]]) + "\n"
-    bench = report["bench"]
-    lines += ["", f"{bench['device']}; torch {bench['versions'].get('torch')}; {bench['prompts']} `code` prompts x "
-              f"{bench['max_new_tokens']} new tokens, greedy, batch 1, {bench['repeats']} interleaved repeats", "",
-              "| system | tok/s median [min-max] | vs specc none | vs HF static | mean accepted length | "
-              "acceptance | identical to none |", "|---|---|---|---|---|---|---|"]
-    for name, entry in bench["systems"].items():
-        tps = entry["tokens_per_second"]
-        lines.append(f"| {name} | {tps['median']} [{tps['min']}-{tps['max']}] | {entry.get('speedup_over_none', '—')} "
-                     f"| {entry.get('speedup_over_hf_static', '—')} | {entry.get('mean_accepted_length', '—')} | "
-                     f"{entry.get('acceptance_rate', '—')} | {entry.get('identical_to_none', '—')} |")
+    for group, bench in report["bench"].items():
+        lines += ["", f"## {group}", ""]
+        if "error" in bench:
+            lines.append(f"no benchmark: {bench['error']}")
+            continue
+        lines += [f"{bench['device']}; torch {bench['versions'].get('torch')}; {bench['prompts']} `code` prompts x "
+                  f"{bench['max_new_tokens']} new tokens, greedy, batch 1, {bench['repeats']} interleaved repeats; "
+                  f"engine load seconds {bench['load_seconds']}", "",
+                  "| system | tok/s median [min-max] | vs specc none | vs HF static | mean accepted length | "
+                  "acceptance | identical to none |", "|---|---|---|---|---|---|---|"]
+        for name, entry in bench["systems"].items():
+            tps = entry["tokens_per_second"]
+            lines.append(f"| {name} | {tps['median']} [{tps['min']}-{tps['max']}] | "
+                         f"{entry.get('speedup_over_none', '—')} | {entry.get('speedup_over_hf_static', '—')} | "
+                         f"{entry.get('mean_accepted_length', '—')} | {entry.get('acceptance_rate', '—')} | "
+                         f"{entry.get('identical_to_none', '—')} |")
+        lines += [f"- note: {note}" for note in bench["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -161,7 +161,7 @@ def _package(target: LoweringTarget, path: Path, rows: int) -> str:
         with torch.no_grad(), torch_threads(idle_machine_threads()), \
                 torch._inductor.config.patch(packaging_config(target)):
             exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
-                                           strict=False)
+                                           strict=False, prefer_deferred_runtime_asserts_over_guards=True)
             torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
     except Exception as exc:
         raise SpeccError(f"AOTInductor packaging of graph {target.name!r} ({rows}-row example) failed: "

@@ -92,7 +92,7 @@ def chunk_layout(start: int, length: int, device) -> tuple[torch.Tensor, torch.T
 def tree_layout(draft: Draft, prefix_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(positions, cache slots, mask) of a draft's flattened tree rooted at slot `prefix_len`."""
     slots = torch.arange(prefix_len, prefix_len + draft.node_tokens.numel(), device=device)
-    return draft.tree.depth.to(device) + prefix_len, slots, tree_mask(prefix_len, draft.tree)
+    return draft.tree.depth.to(device) + prefix_len, slots, tree_mask(prefix_len, draft.tree).to(device)
 
 
 def check_decoding_layout(signature: GraphSignature) -> None:
