@@ -225,6 +225,7 @@ def _add_distill_data(verbs):
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode conversational prompts as plain text, not chat-formatted")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
+    _device_option(p, "the target generates")
     return p
 
 
@@ -259,6 +260,7 @@ def _add_distill_draft(verbs):
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed for the window order (same seed, same weights)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    _device_option(p, "the target teaches and the draft trains")
     return p
 
 
@@ -359,7 +361,7 @@ def _distill_data(args) -> int:
     report = write_distill_data(DistillDataRequest(
         model=args.model, prompts=args.prompts, output=args.output, skip=args.skip, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_prompt_tokens=args.max_prompt_tokens,
-        chat_template=not args.no_chat_template, dtype=args.dtype, force=args.force,
+        chat_template=not args.no_chat_template, dtype=args.dtype, force=args.force, device=args.device,
     ))
     print(f"wrote {args.output}: {report.summary()}")
     return 0
@@ -372,7 +374,7 @@ def _distill_draft(args) -> int:
         model=args.model, output=args.output, layers=args.layers, calib_data=args.calib_data,
         train_steps=args.train_steps, train_windows=args.train_windows, seq_len=args.seq_len,
         eval_sequences=args.eval_sequences, teacher_top_k=args.teacher_top_k, learning_rate=args.learning_rate,
-        seed=args.seed, force=args.force,
+        seed=args.seed, force=args.force, device=args.device,
     ))
     print(f"wrote {args.output}: {report.summary()}")
     return 0

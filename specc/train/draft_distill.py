@@ -61,6 +61,7 @@ class DraftDistillRequest:
     learning_rate: float = 1e-3
     seed: int = 0
     force: bool = False
+    device: str = "auto"   # where the target teaches and the draft trains
 
 
 @dataclass
@@ -86,13 +87,14 @@ def distill_draft(request: DraftDistillRequest) -> DraftDistillReport:
 
     start = time.perf_counter()
     _check_request(request)
+    device = resolve_device(request.device)
     checkpoint, target_layers = _checked_target(request)
     tokenizer = load_tokenizer(checkpoint)
     windows = token_windows(tokenizer, request.calib_data, request.seq_len, request.train_windows,
                             request.eval_sequences, request.seed,
                             remedy="pass more text with --calib-data FILE or lower --seq-len")
-    target = load_model(checkpoint)
-    draft = truncated_draft(target, request.layers)
+    target = load_model(checkpoint).to(device)
+    draft = truncated_draft(target, request.layers).to(device)
     training = train_draft(target, draft, windows, request)
     report = DraftDistillReport(request.output, request.layers, target_layers, windows.source, training,
                                 time.perf_counter() - start)
@@ -156,6 +158,7 @@ def train_draft(target, draft, windows, request: DraftDistillRequest) -> Distill
 def _teacher(target, top_k: int):
     """tokens → (the target's top-k next-token probabilities, tokens)."""
     def teach(tokens: torch.Tensor):
+        tokens = tokens.to(target.device)
         logits = target(input_ids=tokens[None], use_cache=False).logits[0]
         return sparse_target(torch.softmax(logits.float(), dim=-1), top_k), tokens
     return teach

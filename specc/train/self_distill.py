@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specc.device import resolve_device
 from specc.errors import UsageError
 
 
@@ -43,6 +44,7 @@ class DistillDataRequest:
     chat_template: bool = True
     dtype: str = "float32"
     force: bool = False
+    device: str = "auto"   # where the target generates
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class DistillDataReport:
 
 def write_distill_data(request: DistillDataRequest) -> DistillDataReport:
     _check(request)
+    resolve_device(request.device)
     from specc.capture.load import load_model, load_tokenizer, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(request.model)
@@ -70,7 +73,7 @@ def write_distill_data(request: DistillDataRequest) -> DistillDataReport:
     encoded, skipped = _encode(tokenizer, prompts, request)
     if not encoded:
         raise UsageError(f"none of the {len(prompts)} prompts fits --max-prompt-tokens {request.max_prompt_tokens}")
-    model = load_model(checkpoint, request.dtype)
+    model = load_model(checkpoint, request.dtype).to(resolve_device(request.device))
     start = time.perf_counter()
     replies = generate_replies(model, tokenizer, [ids for _, ids in encoded], request.max_new_tokens,
                                request.batch_size)
@@ -103,8 +106,8 @@ def generate_replies(model, tokenizer, prompts: list[list[int]], max_new_tokens:
 def _generate_batch(model, prompts: list[list[int]], pad: int, stops: list[int],
                     max_new_tokens: int) -> list[list[int]]:
     width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=pad, eos_token_id=stops)
