@@ -10,7 +10,7 @@ import time
 
 from specc.bench import statistics as st
 from specc.bench.memory import MemoryProbe, process_peak_rss_bytes
-from specc.bench.predict import predict
+from specc.bench.predict import draft_depth, predict
 from specc.bench.runner import Run
 from specc.bench.systems import ENGINE, HF_GREEDY, SPECC_NONE, System
 
@@ -31,7 +31,8 @@ def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict,
     groups = {OVERALL: set(range(len(prompts)))}
     for category in dict.fromkeys(p["category"] for p in prompts):
         groups[category] = {p["index"] for p in prompts if p["category"] == category}
-    summaries = {name: summarize_group(runs, systems, indices, reference, engine_manifest["method_config"])
+    gamma = draft_depth(engine_manifest)
+    summaries = {name: summarize_group(runs, systems, indices, reference, gamma)
                  for name, indices in groups.items()}
     compile_time = engine_manifest.get("method_state", {}).get(COMPILE_TIME_PREDICTION)
     if compile_time is not None:
@@ -95,7 +96,7 @@ def engine_summary(manifest: dict, path: str) -> dict:
 
 
 def summarize_group(runs: list[Run], systems: list[System], indices: set[int], reference: dict[int, list[int]],
-                    method_config: dict) -> dict:
+                    gamma: int | None) -> dict:
     throughput = {s.name: st.throughput_by_repeat(runs, s.name, indices) for s in systems}
     result: dict = {"prompts": len(indices), "systems": {}, "speedup": {}}
     for system in systems:
@@ -115,14 +116,14 @@ def summarize_group(runs: list[Run], systems: list[System], indices: set[int], r
         result["systems"][system.name] = entry
         if system.role == "baseline":
             result["speedup"][system.name] = st.speedup(throughput[ENGINE], throughput[system.name]).to_json()
-    result["prediction"] = _prediction(runs, indices, method_config, result)
+    result["prediction"] = _prediction(runs, indices, gamma, result)
     return result
 
 
-def _prediction(runs: list[Run], indices: set[int], method_config: dict, group: dict) -> dict:
+def _prediction(runs: list[Run], indices: set[int], gamma: int | None, group: dict) -> dict:
     engine_stats = [r.stats for r in runs if r.system == ENGINE and r.prompt_index in indices]
     baseline_stats = [r.stats for r in runs if r.system == SPECC_NONE and r.prompt_index in indices]
-    prediction = predict(engine_stats, baseline_stats, method_config)   # costs pooled over all repeats
+    prediction = predict(engine_stats, baseline_stats, gamma)   # costs pooled over all repeats
     engine_decode = st.decode_throughput_by_repeat(runs, ENGINE, indices)
     none_decode = st.decode_throughput_by_repeat(runs, SPECC_NONE, indices)
     prediction["measured"] = {

@@ -28,11 +28,6 @@ from __future__ import annotations
 from specc.bench.statistics import ctar
 from specc.runtime.stats import GenerationStats
 
-# Method config fields that bound the draft tokens per round (γ). For a
-# drafter that may stop early, γ is the bound and an early stop counts as a
-# rejection in the α_k measured from CTAR, so τ still matches the rounds.
-DRAFT_DEPTH_FIELDS = ("num_draft_tokens", "draft_tokens", "max_draft_tokens", "max_draft_steps", "draft_depth",
-                      "gamma", "num_speculative_tokens", "steps")
 
 
 def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, cost_ratio: float,
@@ -72,12 +67,17 @@ def per_depth_acceptance(rounds: list[int], gamma: int) -> list[float]:
     return rates
 
 
-def draft_depth(method_config: dict) -> int | None:
-    for name in DRAFT_DEPTH_FIELDS:
-        value = method_config.get(name)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+def draft_depth(manifest: dict) -> int | None:
+    """γ of an engine: the bound on draft tokens per round its method declares
+    (`MethodDescriptor.draft_depth`) for its config. For a drafter that may stop
+    early, γ is the bound and an early stop counts as a rejection in the α_k
+    measured from CTAR, so τ still matches the rounds."""
+    from specc.methods.descriptor import get_method
+
+    method = get_method(manifest["method"])
+    if method.draft_depth is None:
+        return None
+    return method.draft_depth(method.config_class.from_json(manifest["method_config"]))
 
 
 def target_forward_seconds(baseline_stats: list[GenerationStats]) -> float | None:
@@ -88,7 +88,7 @@ def target_forward_seconds(baseline_stats: list[GenerationStats]) -> float | Non
     return seconds / steps if steps > 0 and seconds > 0 else None
 
 
-def predict(engine_stats: list[GenerationStats], baseline_stats: list[GenerationStats], method_config: dict) -> dict:
+def predict(engine_stats: list[GenerationStats], baseline_stats: list[GenerationStats], gamma: int | None) -> dict:
     """Both formulas' inputs and outputs, with a reason wherever one is not applicable."""
     target = target_forward_seconds(baseline_stats)
     drafted = sum(s.draft_steps for s in engine_stats)
@@ -116,15 +116,13 @@ def predict(engine_stats: list[GenerationStats], baseline_stats: list[Generation
         {"expected_speedup": None, "M": m, "alpha": alpha, "c": c,
          "reason": "no draft token was accepted (α = 0), where eq. 6 is undefined"}
     )
-    result["s3d_eq12"] = _s3d(engine_stats, method_config, target)
+    result["s3d_eq12"] = _s3d(engine_stats, gamma, target)
     return result
 
 
-def _s3d(engine_stats: list[GenerationStats], method_config: dict, target: float) -> dict:
-    gamma = draft_depth(method_config)
+def _s3d(engine_stats: list[GenerationStats], gamma: int | None, target: float) -> dict:
     if gamma is None:
-        return {"improvement_factor": None,
-                "reason": f"the method config names no fixed draft depth ({', '.join(DRAFT_DEPTH_FIELDS)})"}
+        return {"improvement_factor": None, "reason": "the method declares no draft depth (MethodDescriptor.draft_depth)"}
     rounds = [a for s in engine_stats for a in s.accepted_per_round]
     steps = sum(s.target_forward_passes - 1 for s in engine_stats)
     overhead = sum(s.wall_seconds - s.prefill_seconds - s.draft_seconds - s.verify_seconds for s in engine_stats)

@@ -87,6 +87,8 @@ class MethodDescriptor:
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
+    # γ, the most tokens a round drafts, for the benchmark's S3D eq. 12 prediction (None: no fixed depth).
+    draft_depth: Callable[[MethodConfig], int] | None = None
     # Whether `train` runs on whatever device the program's graphs are on (it puts its inputs there).
     # False: on a GPU compile it trains on the CPU, and only the engine's graphs go to the device.
     trains_on_device: bool = False

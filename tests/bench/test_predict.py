@@ -36,10 +36,17 @@ def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
     assert per_depth_acceptance([0, 0], 3) == [0.0, 0.0, 0.0]
 
 
-def test_draft_depth_from_method_config():
-    assert draft_depth({"num_draft_tokens": 4, "tree_width": 1}) == 4
-    assert draft_depth({"tree_width": 2}) is None
-    assert draft_depth({"steps": 3, "train_steps": 100}) == 3   # FIRP's k
+def test_draft_depth_is_what_the_method_declares_for_its_config():
+    from specc.methods.descriptor import get_method
+
+    def manifest(method: str, **fields) -> dict:
+        config = get_method(method).config_class(**fields)
+        return {"method": method, "method_config": config.to_json()}
+
+    assert draft_depth(manifest("draft-model", draft_model="d", num_draft_tokens=4)) == 4
+    assert draft_depth(manifest("kangaroo", max_draft_steps=5)) == 5
+    assert draft_depth(manifest("firp", steps=3)) == 3   # FIRP's k
+    assert draft_depth(manifest("none")) is None
 
 
 def test_predict_combines_measured_costs():
@@ -49,7 +56,7 @@ def test_predict_combines_measured_costs():
     engine = [GenerationStats(new_tokens=12, target_forward_passes=4, drafted_tokens=8, accepted_tokens=6,
                               accepted_per_round=[2, 2, 2], draft_steps_per_round=[3, 3, 2], draft_seconds=0.4, verify_seconds=0.3,
                               prefill_seconds=0.1, wall_seconds=0.83)]
-    p = predict(engine, baseline, {"num_draft_tokens": 3})
+    p = predict(engine, baseline, 3)
     assert p["target_forward_seconds"] == pytest.approx(0.1)
     assert p["swift_eq6"]["c"] == pytest.approx(0.5)
     assert p["swift_eq6"]["expected_speedup"] == pytest.approx(3 * 0.75 / (2 * 0.5 + 0.75))
@@ -69,7 +76,7 @@ def test_eq6_counts_tree_depth_not_tree_nodes():
     engine = [GenerationStats(new_tokens=10, target_forward_passes=4, drafted_tokens=36, accepted_tokens=6,
                               accepted_per_round=[2, 2, 2], draft_steps_per_round=[3, 3, 3], draft_seconds=0.45,
                               wall_seconds=1.0)]
-    eq6 = predict(engine, baseline, {})["swift_eq6"]
+    eq6 = predict(engine, baseline, None)["swift_eq6"]
     assert eq6["alpha"] == pytest.approx(6 / 9) and eq6["c"] == pytest.approx(0.05 / 0.1)
     assert eq6["expected_speedup"] == pytest.approx(2.5 * (2 / 3) / (1.5 * 0.5 + 2 / 3))
 
@@ -77,10 +84,10 @@ def test_eq6_counts_tree_depth_not_tree_nodes():
 def test_predict_says_why_a_formula_does_not_apply():
     baseline = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
     plain = [GenerationStats(new_tokens=5, target_forward_passes=5, verify_seconds=0.4)]
-    p = predict(plain, baseline, {})
+    p = predict(plain, baseline, None)
     assert p["swift_eq6"]["expected_speedup"] is None and "drafted no tokens" in p["swift_eq6"]["reason"]
     rejected = [GenerationStats(new_tokens=3, target_forward_passes=3, drafted_tokens=4, accepted_tokens=0,
                                 accepted_per_round=[0, 0], draft_steps_per_round=[2, 2], draft_seconds=0.1, wall_seconds=1.0)]
-    p = predict(rejected, baseline, {})
+    p = predict(rejected, baseline, None)
     assert p["swift_eq6"]["expected_speedup"] is None and "α = 0" in p["swift_eq6"]["reason"]
     assert p["s3d_eq12"]["improvement_factor"] is None and "draft depth" in p["s3d_eq12"]["reason"]

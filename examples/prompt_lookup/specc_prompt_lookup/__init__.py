@@ -49,4 +49,5 @@ METHOD = MethodDescriptor(
     config_class=PromptLookupConfig,
     graphs=lambda config: {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes())},
     build_runtime=_build_runtime,
+    draft_depth=lambda config: config.num_draft_tokens,
 )

@@ -49,4 +49,5 @@ METHOD = MethodDescriptor(
     train=_train,
     validate=_validate,
     extra_sources=(ExtraSource("draft", "draft_model"),),
+    draft_depth=lambda config: config.num_draft_tokens,
 )

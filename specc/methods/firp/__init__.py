@@ -79,4 +79,5 @@ METHOD = MethodDescriptor(
     # A verification runs k pseudo rows per anchor beside the draft: more rows than bfloat16 computes
     # exactly (AOTI, a wide random llama: 2 of 10 prompts gave the bfloat16 `none` engine's tokens).
     verifies_draft_rows_only=False,
+    draft_depth=lambda config: config.steps,
 )

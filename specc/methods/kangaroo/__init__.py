@@ -62,6 +62,7 @@ METHOD = MethodDescriptor(
     train=_train,
     trains_on_device=True,
     validate=lambda config, model_config: _validate(config, model_config),
+    draft_depth=lambda config: config.max_draft_steps,
 )
 
 

@@ -101,4 +101,5 @@ METHOD = MethodDescriptor(
     build_runtime=_build_runtime,
     train=_train,
     validate=_validate,
+    draft_depth=lambda config: config.draft_tokens,
 )

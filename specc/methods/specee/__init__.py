@@ -91,4 +91,5 @@ METHOD = MethodDescriptor(
     requires=frozenset({RUN_TIME_SEGMENTS}),
     train=_train,
     validate=_validate,
+    draft_depth=lambda config: config.max_draft_steps,
 )

@@ -132,6 +132,7 @@ METHOD = MethodDescriptor(
     requires=frozenset({RUN_TIME_SEGMENTS}),
     train=_compile_state,
     validate=lambda config, model_config: _validate(config, model_config),
+    draft_depth=lambda config: config.max_draft_tokens,
 )
 
 
