@@ -204,7 +204,7 @@ def time_backends(paths: dict[str, Path], backends: dict[str, dict], checkpoint:
     from specc.bench.document import memory_summary
     from specc.bench.harness import MIN_REPEATS_FOR_SPREAD, _encode_fitting
     from specc.bench.memory import MemoryProbe
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
     from specc.bench.runner import run_interleaved
     from specc.bench.systems import HF_GREEDY, engine_system, hf_system
     from specc.capture.load import load_model

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure(engine_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int) -> dict:
     from specc.bench.baselines import source_checkpoint
     from specc.bench.harness import _encode_fitting
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
     from specc.engine.loaded import load_engine
     from specc.testing import hf_greedy
 

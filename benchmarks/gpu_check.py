@@ -126,7 +126,7 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
 
     from specc.bench.machine import versions
     from specc.bench.memory import MemoryProbe
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
     from specc.bench.runner import run_interleaved
     from specc.bench.systems import engine_system, hf_system
     from specc.capture.load import load_model

@@ -21,7 +21,7 @@ import torch
 def measure(engine_dir: str, prompts: str = "code", skip_first: int = 8, num_prompts: int = 8,
             max_new_tokens: int = 64) -> dict:
     """{"initial"|"stored": {"skip": description, "scores": [per prompt]}}."""
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
     from specc.engine.loaded import load_engine
     from specc.methods.swift.search import describe_skip_set, odd_layers
 

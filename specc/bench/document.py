@@ -11,6 +11,7 @@ import time
 from specc.bench import statistics as st
 from specc.bench.memory import MemoryProbe, process_peak_rss_bytes
 from specc.bench.predict import draft_depth, predict
+from specc.methods.descriptor import COMPILE_TIME_PREDICTION
 from specc.bench.runner import Run
 from specc.bench.systems import ENGINE, HF_GREEDY, SPECC_NONE, System
 
@@ -20,7 +21,6 @@ OVERALL = "overall"
 
 # A method whose compile step predicts its own speedup stores {"speedup": x, "by": "how"} under this
 # key of its manifest state; the report sets it beside the measured one.
-COMPILE_TIME_PREDICTION = "compile_time_prediction"
 
 
 def build_document(*, engine_manifest: dict, engine_path: str, model_info: dict, machine: dict, versions: dict,

@@ -11,7 +11,7 @@ from specc.bench.baselines import build_baselines, source_checkpoint
 from specc.bench.document import build_document
 from specc.bench.machine import machine_info, versions
 from specc.bench.memory import MemoryProbe
-from specc.bench.prompts import load_prompt_set
+from specc.data.prompts import load_prompt_set
 from specc.bench.runner import run_interleaved
 from specc.bench.systems import ENGINE, engine_system
 from specc.errors import UsageError

@@ -26,6 +26,7 @@ costs one plain forward.
 from __future__ import annotations
 
 from specc.bench.statistics import ctar
+from specc.methods.s3d.speedup import s3d_improvement_factor, s3d_tau  # noqa: F401  (re-exported)
 from specc.runtime.stats import GenerationStats
 
 
@@ -37,23 +38,6 @@ def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, 
         raise ValueError(f"SWIFT eq. 6 needs M >= 1, 0 < α <= 1, c >= 0 and v > 0; got M={m}, α={a}, c={c}, "
                          f"v={verify_cost}")
     return m * a / ((m - 1) * c + a * verify_cost)
-
-
-def s3d_tau(per_depth_acceptance: list[float]) -> float:
-    """Expected new tokens per round, τ(γ) with γ = len(per_depth_acceptance)."""
-    gamma = len(per_depth_acceptance)
-    tau, reach = 0.0, 1.0   # reach = Π_{k<n} α_k
-    for n in range(1, gamma + 2):
-        stop = 1.0 - per_depth_acceptance[n - 1] if n <= gamma else 1.0
-        tau += n * reach * stop
-        if n <= gamma:
-            reach *= per_depth_acceptance[n - 1]
-    return tau
-
-
-def s3d_improvement_factor(tau: float, overhead: float, draft_cost: float) -> float:
-    """IF = τ / (δ + β + 1)."""
-    return tau / (overhead + draft_cost + 1.0)
 
 
 def per_depth_acceptance(rounds: list[int], gamma: int) -> list[float]:

@@ -45,9 +45,9 @@ class GGUFInfo:
 
 def gguf_cache_dir() -> Path:
     """``<cache root>/gguf``: beside the reference models' ``refmodels`` folder."""
-    from specc.refmodels import default_cache_dir
+    from specc.data.files import cache_root
 
-    return default_cache_dir().parent / "gguf"
+    return cache_root() / "gguf"
 
 
 def file_sha256(path: Path) -> str:
@@ -126,7 +126,7 @@ def convert_gguf(path: str | Path, cache_dir: Path | None = None, *, progress: b
               f"{size:.{0 if size >= 10 else 2}f} MB) to a float32 checkpoint in {destination} (once; this takes a while) ...",
               file=sys.stderr, flush=True)
     start = time.perf_counter()
-    from specc.refmodels.train import write_directory_atomically
+    from specc.data.files import write_directory_atomically
 
     write_directory_atomically(destination, lambda staging: _write_checkpoint(path, info, sha256, staging))
     if progress:

@@ -32,6 +32,11 @@ _BUILTIN = ("specc.methods.autoregressive", "specc.methods.draft_model", "specc.
 TARGET = "target"   # the source name of the checkpoint being compiled
 
 
+# Method state key under which a method stores the speedup it predicted at compile time
+# (S3D's eq. 12 selection); `specc bench` reports it beside the measurement.
+COMPILE_TIME_PREDICTION = "compile_time_prediction"
+
+
 @dataclass(frozen=True)
 class GraphRecipe:
     """One named graph of the speculative program: which source model it is

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specc.bench.prompts import PROMPT_SET_NAMES
+from specc.data.prompts import PROMPT_SET_NAMES
 from specc.errors import UsageError
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
+from specc.data.files import CACHE_ENV, cache_root  # noqa: F401  (CACHE_ENV re-exported)
 from specc.errors import UsageError
-from specc.refmodels.corpus import CorpusSelection, heldout_prompts, select_corpus
+from specc.data.corpora import CorpusSelection, heldout_prompts, select_corpus
 from specc.refmodels.specs import (
     REFERENCE_FILE,
     REFERENCE_MODELS,
@@ -51,7 +51,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "SPECC_CACHE_DIR"
 _CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -109,8 +108,7 @@ def get_spec(name: str) -> ReferenceSpec:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "specc"
-    return Path(root) / "refmodels"
+    return cache_root() / "refmodels"
 
 
 def cache_key(spec: ReferenceSpec, selection: CorpusSelection, cpu_threads: int | None = None) -> str:

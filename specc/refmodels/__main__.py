@@ -74,7 +74,7 @@ def _fetch(args: argparse.Namespace) -> None:
 def _build(args: argparse.Namespace) -> None:
     get_spec(args.name)  # fail on an unknown name before reading any corpus
     if not args.verbose:   # "text corpus: ... not found" notices are for --verbose
-        logging.getLogger("specc.refmodels.corpus").setLevel(logging.WARNING)
+        logging.getLogger("specc.data.corpora").setLevel(logging.WARNING)
     path = build_reference_model(
         args.name, args.cache_dir, progress=not args.quiet, force=args.force, device=args.device,
         threads=args.threads,

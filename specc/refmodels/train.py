@@ -13,12 +13,8 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import platform
-import shutil
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -28,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specc.refmodels.corpus import CorpusSelection
+from specc.data.corpora import CorpusSelection
+from specc.data.files import write_directory_atomically
 from specc.refmodels.specs import REFERENCE_FILE, TRAINER_VERSION, ReferenceSpec, TrainingPlan
 from specc.refmodels.tokenizer import encode_documents, endoftext_id, save_tokenizer, train_tokenizer
 
@@ -350,36 +347,6 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
     finally:
         if silenced:
             hf_logging.enable_progress_bar()
-
-
-def write_directory_atomically(destination: Path, write_contents: Callable[[Path], None]) -> None:
-    """Fill a staging directory beside ``destination``, then swap it into place.
-
-    Readers see either no directory, the previous one, or the complete new one.
-    """
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
-    try:
-        write_contents(staging)
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; a cache may be shared
-        _swap_into_place(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _swap_into_place(staging: Path, destination: Path) -> None:
-    try:
-        os.replace(staging, destination)
-        return
-    except OSError:
-        if not destination.exists():
-            raise
-    # os.replace cannot overwrite a non-empty directory: retire the old one first.
-    retired = destination.with_name(f".{destination.name}.{uuid.uuid4().hex}.old")
-    os.replace(destination, retired)
-    os.replace(staging, destination)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 def _describe_corpus(selection: CorpusSelection, streams: TokenStreams) -> dict:

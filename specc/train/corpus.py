@@ -4,7 +4,7 @@
 "text" or "turns" fields), a text file (blank-line-separated blocks), or a
 named set (gsm8k, spec_bench). Its token stream's tail is held out.
 Without it, the built-in corpus is used: Python standard-library source and,
-where `../shared/data` exists, English text (`specc.refmodels.corpus`,
+where `../shared/data` exists, English text (`specc.data.corpora`,
 whose held-out documents give the held-out windows; a missing source is
 skipped with a warning).
 
@@ -76,7 +76,7 @@ def _reply_records(calib_data: str) -> list[dict] | None:
     `prompt_tokens`), or None for any other calibration data."""
     from pathlib import Path
 
-    from specc.bench.prompts import _read_jsonl
+    from specc.data.prompts import _read_jsonl
 
     path = Path(calib_data)
     if path.suffix != ".jsonl" or not path.is_file():
@@ -105,7 +105,7 @@ def _conversation_windows(tokenizer, records: list[dict], calib_data: str, seq_l
 
 
 def _file_windows(tokenizer, calib_data: str, seq_len: int, heldout_count: int):
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
 
     prompt_set = load_prompt_set(calib_data)
     stream = _stream(tokenizer, (p.text for p in prompt_set.prompts))
@@ -120,7 +120,7 @@ def _training_share(count: int, heldout_count: int) -> int:
 
 
 def _builtin_windows(tokenizer, seq_len: int, train_count: int, heldout_count: int):
-    from specc.refmodels.corpus import load_corpus
+    from specc.data.corpora import load_corpus
 
     kinds = [load_corpus(kind) for kind in ("code", "text")]
     kinds = [corpus for corpus in kinds if corpus.train and corpus.heldout]

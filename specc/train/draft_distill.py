@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specc.device import resolve_device
 from specc.errors import UsageError
 from specc.train.distill import DistillConfig, DistillReport, cache_teacher, distill, sparse_target
 
@@ -202,7 +203,7 @@ def _check_request(request: DraftDistillRequest) -> None:
 
 
 def _check_calib_data(value: str | None) -> None:
-    from specc.bench.prompts import PROMPT_SET_NAMES
+    from specc.data.prompts import PROMPT_SET_NAMES
 
     if value is None or value in PROMPT_SET_NAMES:
         return

@@ -134,7 +134,7 @@ def _stop_ids(model, tokenizer) -> list[int]:
 
 
 def _selected_prompts(request: DistillDataRequest):
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
 
     prompt_set = load_prompt_set(request.prompts)
     chosen = prompt_set.prompts[request.skip:request.skip + request.num_prompts]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from specc.bench import prompts as prompt_sets
-from specc.bench.prompts import Prompt, interleave_categories, load_prompt_set
-from specc.bench.stdlib_prompts import code_prefix, stdlib_code_prompts
+from specc.data import prompts as prompt_sets
+from specc.data.prompts import Prompt, interleave_categories, load_prompt_set
+from specc.data.stdlib_prompts import code_prefix, stdlib_code_prompts
 from specc.errors import UsageError
 
 pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
@@ -92,7 +92,7 @@ def test_code_set_falls_back_to_the_stdlib_sampler(monkeypatch):
     assert len(first.prompts) == 3 and {p.category for p in first.prompts} == {"code"}
     assert "stdlib" in first.source and first.notes
     assert [p.text for p in load_prompt_set("code", limit=3).prompts] == [p.text for p in first.prompts]
-    with pytest.raises(UsageError, match="needs specc.refmodels.corpus"):
+    with pytest.raises(UsageError, match="needs specc.data.corpora"):
         load_prompt_set("text")
 
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from specc.bench import command as bench_command
-from specc.bench import prompts as prompt_sets
+from specc.data import prompts as prompt_sets
 from specc.bench.harness import _encode_fitting
-from specc.bench.prompts import Prompt, PromptSet, load_prompt_set
+from specc.data.prompts import Prompt, PromptSet, load_prompt_set
 from specc.chat import chat_prompt_ids, has_chat_template
 from specc.cli.main import build_parser, main
 from specc.errors import UsageError

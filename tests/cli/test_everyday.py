@@ -94,7 +94,7 @@ def test_long_training_follows_the_load_unless_threads_were_chosen(monkeypatch, 
 def test_refmodels_build_takes_threads_and_the_cache_key_includes_them():
     from specc.refmodels import __main__ as refmodels_cli
     from specc.refmodels import cache_key, get_spec
-    from specc.refmodels.corpus import CorpusSelection
+    from specc.data.corpora import CorpusSelection
 
     args = refmodels_cli._parser().parse_args(["build", "tiny", "--threads", "2"])
     assert args.threads == 2
@@ -122,9 +122,9 @@ def test_bad_method_settings_fail_before_any_work(workspace, capsys, monkeypatch
 
 
 def test_missing_text_corpus_is_an_info_notice_not_a_warning(tmp_path, caplog):
-    from specc.refmodels import corpus
+    from specc.data import corpora as corpus
 
-    with caplog.at_level(logging.INFO, logger="specc.refmodels.corpus"):
+    with caplog.at_level(logging.INFO, logger="specc.data.corpora"):
         corpus._text_source_files(tmp_path)
     notices = [r for r in caplog.records if "text corpus" in r.getMessage()]
     assert notices and all(r.levelno == logging.INFO for r in notices)

@@ -17,7 +17,7 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
 from specc.methods.descriptor import get_method
 from specc.methods.s3d import S3DConfig, draft_only_passes
-from specc.bench.predict import s3d_tau
+from specc.methods.s3d.speedup import s3d_tau
 from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext

@@ -22,9 +22,9 @@ from specc.refmodels import (
     heldout_prompts,
     read_reference,
 )
-from specc.refmodels import corpus as corpus_module
+from specc.data import corpora as corpus_module
 from specc.refmodels.__main__ import main as cli_main
-from specc.refmodels.corpus import CorpusUnavailableError, load_corpus, select_corpus
+from specc.data.corpora import CorpusUnavailableError, load_corpus, select_corpus
 from specc.refmodels.tokenizer import ENDOFTEXT, save_tokenizer, train_tokenizer
 
 pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
@@ -151,7 +151,7 @@ def test_a_zero_cap_leaves_a_corpus_out():
 
 def test_missing_shared_data_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SPECC_SHARED_DATA", str(tmp_path))
-    caplog.set_level(logging.INFO, logger="specc.refmodels.corpus")   # an info notice (shown with --verbose)
+    caplog.set_level(logging.INFO, logger="specc.data.corpora")   # an info notice (shown with --verbose)
 
     selection = select_corpus(
         code_bytes=50_000, text_bytes=50_000, tokenizer_code_bytes=10_000, tokenizer_text_bytes=10_000

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
-from specc.bench.predict import s3d_tau
+from specc.methods.s3d.speedup import s3d_tau
 from specc.methods.infrastructure import infrastructure_passes
 from specc.passes.manager import PassRecord, run_passes
 from specc.passes.skip_middle_layers import middle_block, resolve_block

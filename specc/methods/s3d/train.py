@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from specc.bench.document import COMPILE_TIME_PREDICTION
+from specc.methods.descriptor import COMPILE_TIME_PREDICTION
 from specc.graph.nodes import placeholder
 from specc.graph.signature import read_signature
 from specc.methods.descriptor import TrainResult

@@ -105,7 +105,7 @@ def calibrate(graph: ProgramGraph, config, tokenizer) -> LayerSetSearch:
 def calibration_prompts(config, tokenizer) -> list[list[int]]:
     """Token ids of the calibration prompts: `calib_data` (JSONL or text, read
     like `specc bench --prompts FILE`) or built-in standard-library code."""
-    from specc.bench.prompts import load_prompt_set
+    from specc.data.prompts import load_prompt_set
 
     prompt_set = load_prompt_set(config.calib_data or "code", limit=config.calib_prompts)
     prompts = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompt_set.prompts]

@@ -1,6 +1,6 @@
 """A deterministic sampler of code prefixes from Python's standard library.
 
-The fallback for the `code` prompt set while `specc.refmodels.corpus` is
+The fallback for the `code` prompt set while `specc.data.corpora` is
 absent. Unlike the reference models' held-out split, these files may have
 been seen in training, so acceptance measured on them can be optimistic.
 """

@@ -1,9 +1,9 @@
 """Prompt sets for `specc bench`, all available without a network.
 
 Named sets:
-  code        held-out code prefixes (`specc.refmodels.corpus.heldout_prompts`,
+  code        held-out code prefixes (`specc.data.corpora.heldout_prompts`,
               or a stdlib sampler until that module exists)
-  text        held-out prose prefixes (needs `specc.refmodels.corpus`)
+  text        held-out prose prefixes (needs `specc.data.corpora`)
   spec_bench  Spec-Bench questions, grouped by their `category` field
   gsm8k       GSM8K test questions
 Anything else is a file: JSONL with "prompt", "text" or "turns" (the first
@@ -89,12 +89,12 @@ def _generated_set(kind: str, n: int) -> PromptSet:
         texts = heldout(kind, n, chars)
         short = [f"the held-out {kind} split yields only {len(texts)} of the {n} prompts asked for"]
         return PromptSet(kind, [Prompt(t, kind) for t in texts],
-                         f"specc.refmodels.corpus.heldout_prompts({kind!r}, {n}, {chars})",
+                         f"specc.data.corpora.heldout_prompts({kind!r}, {n}, {chars})",
                          short if len(texts) < n else [])
     if kind == "text":
-        raise UsageError("the 'text' prompt set needs specc.refmodels.corpus, which is not installed; "
+        raise UsageError("the 'text' prompt set needs specc.data.corpora, which is not installed; "
                          "use --prompts code, spec_bench, gsm8k or a file")
-    from specc.bench.stdlib_prompts import stdlib_code_prompts
+    from specc.data.stdlib_prompts import stdlib_code_prompts
 
     return PromptSet(kind, [Prompt(t, kind) for t in stdlib_code_prompts(n, chars)],
                      f"stdlib code prefixes ({n} x {chars} chars)",
@@ -104,10 +104,10 @@ def _generated_set(kind: str, n: int) -> PromptSet:
 
 def _heldout_prompts_function():
     try:
-        from specc.refmodels.corpus import heldout_prompts
+        from specc.data.corpora import heldout_prompts
     except ImportError as exc:
         # Only the module's absence means "not written yet"; a broken module must surface.
-        if exc.name in ("specc.refmodels", "specc.refmodels.corpus") or "heldout_prompts" in str(exc):
+        if exc.name in ("specc.refmodels", "specc.data.corpora") or "heldout_prompts" in str(exc):
             return None
         raise
     return heldout_prompts
