@@ -1,5 +1,8 @@
 """Engines on a CUDA device: exactness, CUDA graph replay, training there, and the device errors.
 
+The AOTInductor tests come last: loading an AOTI package for CUDA once crashed the process
+(benchmarks/results/gpu-h100-smollm2-135m-bfloat16-gpu-check-2026-11-26.md).
+
 Every test here needs a GPU (`-m gpu`); without one they skip. benchmarks/gpu_check.sh runs them.
 `SPECC_GPU_TESTS_DEVICE=cpu` runs the same tests on the CPU (no CUDA graph checks): a rehearsal
 of everything but the CUDA specifics, e.g. under another torch version.
@@ -103,24 +106,6 @@ def test_kangaroo_in_bfloat16_matches_its_none_engine(compiled):
     assert _decode(kangaroo, prompts) == _decode(none, prompts)
 
 
-@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
-def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, compiled, backend):
-    target = checkpoints("llama")[0]
-    prompts = varied_prompts(6, 96, seed=3)
-    engine = load_engine(compiled("none", backend), device=DEVICE)
-    assert engine.device.type == DEVICE
-    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
-    _assert_replayed(engine)
-
-
-@cuda_only
-def test_an_aoti_engine_for_cuda_refuses_the_cpu(compiled):
-    path = compiled("none", "aoti")
-    with pytest.raises(UsageError, match="compiled for cuda"):
-        load_engine(path, device="cpu")
-    assert load_engine(path).device.type == "cuda"   # auto: where its packages run
-
-
 @cuda_only
 def test_an_eager_engine_compiled_for_the_cpu_runs_on_cuda(checkpoints, tmp_path):
     target = checkpoints("llama")[0]
@@ -142,3 +127,21 @@ def test_a_cache_too_large_for_the_gpu_is_a_clear_error(compiled, monkeypatch):
     monkeypatch.setattr(kv_cache.KVCache, "__init__", out_of_memory)
     with pytest.raises(UsageError, match="does not fit in the device's memory"):
         load_engine(path, device=DEVICE)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, compiled, backend):
+    target = checkpoints("llama")[0]
+    prompts = varied_prompts(6, 96, seed=3)
+    engine = load_engine(compiled("none", backend), device=DEVICE)
+    assert engine.device.type == DEVICE
+    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
+    _assert_replayed(engine)
+
+
+@cuda_only
+def test_an_aoti_engine_for_cuda_refuses_the_cpu(compiled):
+    path = compiled("none", "aoti")
+    with pytest.raises(UsageError, match="compiled for cuda"):
+        load_engine(path, device="cpu")
+    assert load_engine(path).device.type == "cuda"   # auto: where its packages run
