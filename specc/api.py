@@ -32,9 +32,9 @@ def compile(model: str | Path, method: str, output: str | Path, *, backend: str 
     `device` is `--device` (auto, cpu, cuda, cuda:N)."""
     from specc.compiler import CompileRequest, compile_engine
 
-    assignments = [f"{key}={_setting_text(value)}" for key, value in (settings or {}).items()]
     return compile_engine(CompileRequest(model=str(model), method=method, output=Path(output), backend=backend,
-                                         dtype=dtype, max_seq_len=max_seq_len, force=force, settings=assignments,
+                                         dtype=dtype, max_seq_len=max_seq_len, force=force,
+                                         settings=dict(settings or {}),
                                          kernels=kernels, show_progress=progress, device=device))
 
 
@@ -87,9 +87,3 @@ def _sampling(temperature: float, top_p: float, seed: int | None):
     from specc.runtime.sampling import SamplingConfig
 
     return SamplingConfig(temperature=temperature, top_p=top_p, seed=seed)
-
-
-def _setting_text(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -38,7 +38,8 @@ class CompileRequest:
     dtype: str = "float32"
     max_seq_len: int = 1024
     force: bool = False
-    settings: list[str] = field(default_factory=list)   # method config as key=value
+    # method config: `key=value` strings (the command line) or a dict of typed values (the API)
+    settings: list[str] | dict = field(default_factory=list)
     kernels: bool = False   # attention through specc's Triton kernel (passes/use_kernels.py)
     show_progress: bool = False
     device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
@@ -54,7 +55,8 @@ def validate(request: CompileRequest):
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
     check_backend(method, backend)
-    config = method.config_class.from_assignments(list(request.settings))
+    config = (method.config_class.from_json(dict(request.settings)) if isinstance(request.settings, dict)
+              else method.config_class.from_assignments(list(request.settings)))
     for source in method.extra_sources:
         if not getattr(config, source.config_field):
             raise UsageError(f"method {method.name!r} compiles a {source.name} checkpoint too; "
