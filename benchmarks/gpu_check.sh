@@ -15,13 +15,14 @@
 # them only while the machine stays up, about 30 s), each carrying the wheels and one half:
 #
 #     1. bash benchmarks/gpu_check.sh tests     carry: .gpu_carry/wheels .gpu_carry/part1
-#        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs pytest -m gpu; BUDGET=200 s)
+#        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs pytest -m gpu, BUDGET=200 s,
+#        then benchmarks/kernels_bench.py --quick, KERNELS_BUDGET=90 s)
 #     2. bash benchmarks/gpu_check.sh smollm2   carry: .gpu_carry/wheels .gpu_carry/part2
-#        (joins the halves, checks the sha256, compiles and benchmarks; BUDGET=520 s)
+#        (joins the halves, checks the sha256, compiles and benchmarks; BUDGET=500 s)
 #
 # On the lent H100 (2026-11-26) the machine started in about 30 s, the tests stage took 143 s
 # and the smollm2 stage 483 s of a 560 s budget: both fit the 15 device minutes with
-# `BUDGET=200` and `BUDGET=520`, as long as the second command follows the first at once.
+# `BUDGET=200` (+ 90 s of kernels bench) and `BUDGET=500`, as long as the second command follows the first at once.
 # With the device tool: run(command="bash benchmarks/gpu_check.sh tests",
 # carry=[".gpu_carry/wheels", ".gpu_carry/part1"]), then the same with `smollm2` and part2.
 # On a GPU machine with the package index, `pip install gguf pytest` and
@@ -63,7 +64,9 @@ prepare)
 tests)
     install_wheels
     mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
-    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" || echo "pytest -m gpu failed" ;;
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" || echo "pytest -m gpu failed"
+    timeout "${KERNELS_BUDGET:-90}" python benchmarks/kernels_bench.py --quick --out "$OUT_DIR" \
+        > "$OUT_DIR/logs/kernels-bench.log" 2>&1 || echo "kernels bench failed or ran out of time" ;;
 smollm2)
     install_wheels
     cp "$CARRY"/part2/* "$KEEP/"
@@ -71,7 +74,7 @@ smollm2)
     cat "$KEEP/model.gguf.0" "$KEEP/model.gguf.1" > "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf"
     echo "$(cat "$KEEP/whole.sha256")  $KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c
     python benchmarks/gpu_check.py smollm2 --gguf "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$OUT_DIR" \
-        --budget "${BUDGET:-520}" ;;
+        --budget "${BUDGET:-500}" ;;
 all)
     install_wheels
     python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed"
