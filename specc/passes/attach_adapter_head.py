@@ -20,23 +20,20 @@ target's, shared and frozen.
 
 from __future__ import annotations
 
-import operator
 import re
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import LAYER_PATH, adopt_parameters, attention_of, declare_cache_input, final_norm_path, layer_output, remove_unreachable, renamed
 from specc.errors import SpeccError
-from specc.graph.nodes import _normalize_path, attention_nodes, layer_index, module_path, placeholder
+from specc.graph.nodes import _normalize_path, layer_index, module_path, placeholder
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.expose_layer_exit import layer_output, remove_unreachable
-from specc.passes.insert_kv_cache import declare_cache_input
 
 ADAPTER_ROLE = "adapter"
 _TARGET_CACHE = re.compile(r"^[kv]_cache_\d+$")
-_LAYER_PATH = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ class AttachAdapterHead(GraphPass):
         before = set(graph.nodes)
         layer = min(i for i in map(layer_index, exit_input.users) if i is not None)
         sdpa = attention_of(graph, layer)
-        layer_path = _LAYER_PATH.match(module_path(sdpa)).group(1)
+        layer_path = LAYER_PATH.match(module_path(sdpa)).group(1)
         if self.config.with_mlp:
             residual = layer_output(graph, layer)
         else:
@@ -84,24 +81,6 @@ class AttachAdapterHead(GraphPass):
                           added_parameters=added_parameters, added_inputs=added_inputs)
 
 
-def adopt_parameters(gm: fx.GraphModule, renames: dict[str, str]) -> list[str]:
-    """Give a head cut from the target copies of the parameters it reads, under its own names."""
-    added = []
-    for node in list(gm.graph.nodes):
-        new_name = _renamed(node.target, renames) if node.op == "get_attr" else None
-        if new_name is None:
-            continue
-        value = operator.attrgetter(node.target)(gm)
-        _set_parameter(gm, new_name, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
-        with gm.graph.inserting_before(node):
-            adopted = gm.graph.get_attr(new_name)
-        adopted.meta = dict(node.meta)
-        node.replace_all_uses_with(adopted)
-        gm.graph.erase_node(node)
-        added.append(new_name)
-    return added
-
-
 def own_cache(graph: fx.Graph, sdpa: fx.Node, before_input: fx.Node, cache_names: tuple[str, str]) -> list[str]:
     """Point a head's cache writes at inputs of its own (placed before `before_input`); drop the target's."""
     old = [_cache_input(sdpa.args[1]), _cache_input(sdpa.args[2])]
@@ -115,13 +94,6 @@ def own_cache(graph: fx.Graph, sdpa: fx.Node, before_input: fx.Node, cache_names
     return list(cache_names)
 
 
-def attention_of(graph: fx.Graph, layer: int) -> fx.Node:
-    calls = [n for n in attention_nodes(graph) if layer_index(n) == layer]
-    if len(calls) != 1:
-        raise SpeccError(f"expected one attention call in decoder layer {layer}, found {len(calls)}")
-    return calls[0]
-
-
 def _attention_residual(graph: fx.Graph, sdpa: fx.Node, layer_path: str) -> fx.Node:
     """The decoder layer's `residual + attention` add: its first own op after the attention."""
     nodes = list(graph.nodes)
@@ -133,13 +105,6 @@ def _attention_residual(graph: fx.Graph, sdpa: fx.Node, layer_path: str) -> fx.N
     raise SpeccError(f"no residual add after the attention of {layer_path}")
 
 
-def final_norm_path(residual: fx.Node) -> str:
-    paths = {module_path(u) for u in residual.users if layer_index(u) is None and module_path(u)}
-    if len(paths) != 1:
-        raise SpeccError(f"expected the final norm to read the adapter output, found readers in {sorted(paths)}")
-    return paths.pop()
-
-
 def _cache_input(read: fx.Node) -> fx.Node:
     """`slice(index_put_(cache, ...))` → the cache input (see insert_kv_cache)."""
     cache = read.args[0].args[0]
@@ -148,27 +113,15 @@ def _cache_input(read: fx.Node) -> fx.Node:
     return cache
 
 
-def _renamed(name: str, renames: dict[str, str]) -> str | None:
-    for old, new in renames.items():
-        if name == old or name.startswith(old + "."):
-            return new + name[len(old):]
-    return None
-
-
 def relabel(graph: fx.Graph, renames: dict[str, str]) -> None:
     """Module metadata names the adapter, not the target layer it was cut from,
     so nothing mistakes its nodes for decoder layer l (e.g. segment_by_layer)."""
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
-        paths = [(key, _renamed(_normalize_path(path), renames), kind) for key, (path, kind) in stack.items()]
+        paths = [(key, renamed(_normalize_path(path), renames), kind) for key, (path, kind) in stack.items()]
         if not any(new for _, new, _ in paths):
             continue
         node.meta["nn_module_stack"] = {key: (new, kind) for key, new, kind in paths if new is not None}
         node.meta["specc_role"] = ADAPTER_ROLE
 
 
-def _set_parameter(gm: fx.GraphModule, dotted: str, value: torch.nn.Parameter) -> None:
-    owner, _, leaf = dotted.rpartition(".")
-    if owner not in dict(gm.named_modules()):
-        gm.add_submodule(owner, torch.nn.Module())   # installs any missing parents too
-    gm.get_submodule(owner).register_parameter(leaf, value)

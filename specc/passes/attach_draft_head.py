@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output, remove_unreachable
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
-from specc.passes.attach_adapter_head import (_LAYER_PATH, adopt_parameters, attention_of, final_norm_path,
-                                              own_cache, relabel)
+from specc.passes.attach_adapter_head import own_cache, relabel
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.expose_layer_exit import EXIT_ROLE, layer_output, remove_unreachable
+from specc.passes.expose_layer_exit import EXIT_ROLE
 
 aten = torch.ops.aten
 
@@ -77,7 +77,7 @@ class AttachDraftHead(GraphPass):
                 user.replace_input_with(block_input, fc)
         remove_unreachable(graph)
         sdpa = attention_of(graph, last)
-        layer_path = _LAYER_PATH.match(module_path(sdpa)).group(1)
+        layer_path = LAYER_PATH.match(module_path(sdpa)).group(1)
         norm_path = final_norm_path(layer_output(graph, last))
         renames = {layer_path: f"{self.config.module_name}.layer", norm_path: f"{self.config.module_name}.norm"}
         added_parameters = adopt_parameters(gm, renames) + [f"{fc_prefix}.weight", f"{fc_prefix}.bias"]

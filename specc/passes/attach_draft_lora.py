@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import register_parameter
 from specc.errors import UsageError
 from specc.graph.nodes import module_path
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.insert_mask_tokens import register_parameter
 
 LORA_ROLE = "draft_lora"
 _ATTENTION = re.compile(r"(?:^|\.)layers\.\d+\.self_attn\.")

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from specc.graph.patterns import layer_output
 from specc.graph.nodes import layer_index, output_node
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
-from specc.passes.expose_layer_exit import EXIT_ROLE, layer_output
+from specc.passes.expose_layer_exit import EXIT_ROLE
 
 
 @dataclass(frozen=True)

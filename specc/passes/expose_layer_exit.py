@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import add_placeholder, layer_index, module_path, output_node, placeholder
+from specc.graph.patterns import layer_output, remove_unreachable
+from specc.errors import UsageError
+from specc.graph.nodes import add_placeholder, layer_index, output_node, placeholder
 from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
@@ -97,43 +98,5 @@ def resolve_exit_layer(layer: int | None, num_layers: int) -> int:
     return exit_layer
 
 
-def layer_output(graph: fx.Graph, layer: int) -> fx.Node:
-    """The residual stream leaving decoder layer `layer`: the one node of that
-    layer read by compute outside it (the next layer, or the final norm).
-    Cache writes carry no module metadata and do not count."""
-    outputs = [
-        n for n in graph.nodes
-        if layer_index(n) == layer and any(_outside_layer(u, layer) for u in n.users)
-    ]
-    if len(outputs) != 1:
-        raise SpeccError(
-            f"expected one hidden state leaving decoder layer {layer}, found "
-            f"{[n.name for n in outputs] or 'none'}; is this a decoder graph captured by specc?"
-        )
-    return outputs[0]
 
 
-def _outside_layer(node: fx.Node, layer: int) -> bool:
-    return node.op == "call_function" and layer_index(node) != layer and module_path(node) != ""
-
-
-def remove_unreachable(graph: fx.Graph) -> list[str]:
-    """Erase every node the output does not depend on, side effects included.
-
-    Plain dead-code elimination keeps in-place cache writes; a layer that was
-    cut away must not keep writing its cache, so reachability decides.
-    Inputs stay: the graph's calling convention does not change.
-    """
-    live: set[fx.Node] = set()
-    pending = [output_node(graph)]
-    while pending:
-        node = pending.pop()
-        if node not in live:
-            live.add(node)
-            pending.extend(node.all_input_nodes)
-    removed = []
-    for node in reversed(list(graph.nodes)):
-        if node not in live and node.op != "placeholder":
-            removed.append(node.name)
-            graph.erase_node(node)
-    return removed[::-1]

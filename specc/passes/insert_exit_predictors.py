@@ -29,13 +29,12 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import PASS_THROUGH, layer_output, lm_head
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.expose_layer_exit import layer_output
-from specc.passes.reduce_draft_vocabulary import _PASS_THROUGH, lm_head
 
 aten = torch.ops.aten
 SCORE_ROLE = "exit_score"
@@ -210,7 +209,7 @@ class _FinalNorm:
 def _final_norm(graph: fx.Graph, head: fx.Node, last_layer: int) -> _FinalNorm:
     source = layer_output(graph, last_layer)
     end = head.args[0]
-    while end.op == "call_function" and end.target in _PASS_THROUGH and not module_path(end):
+    while end.op == "call_function" and end.target in PASS_THROUGH and not module_path(end):
         end = end.args[0]
     path = module_path(end)
     if not path or layer_index(end) is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import declare_cache_input, is_cached_attention
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attention_nodes, layer_index, placeholder
 from specc.graph.signature import declare_input
@@ -25,7 +26,6 @@ from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
 aten = torch.ops.aten
-CACHE_ROLE = "kv_cache"
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,6 @@ class InsertKVCache(GraphPass):
         return list(names)
 
 
-def declare_cache_input(node: fx.Node) -> fx.Node:
-    """A preallocated cache `[1, kv_heads, slots, head_dim]`, written in place."""
-    return declare_input(node, CACHE_ROLE, "float", (1, "kv_heads", "slots", "head_dim"))
-
-
 def _write_then_read(graph, cache, slots, new_rows, kv_len) -> fx.Node:
     written = graph.call_function(aten.index_put_.default, (cache, [None, None, slots], new_rows))
     return graph.call_function(aten.slice.Tensor, (written, 2, 0, kv_len))
@@ -103,7 +98,3 @@ def _before_repeat(node: fx.Node) -> fx.Node:
     return node
 
 
-def is_cached_attention(sdpa: fx.Node) -> bool:
-    key = sdpa.args[1]
-    return (isinstance(key, fx.Node) and key.target == aten.slice.Tensor
-            and isinstance(key.args[0], fx.Node) and key.args[0].target == aten.index_put_.default)

@@ -19,12 +19,12 @@ import operator
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import is_cached_attention, register_parameter
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attention_nodes, placeholder
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.insert_kv_cache import is_cached_attention
 
 MASK_ROLE = "mask_tokens"
 MASK_TOKEN_ROLE = "mask_token"   # specc_role of the nodes this pass adds
@@ -80,14 +80,6 @@ def token_embedding(graph: fx.Graph, tokens_input: str) -> fx.Node | None:
     if len(lookups) > 1:
         raise SpeccError(f"expected one embedding lookup of {tokens_input}, found {[n.name for n in lookups]}")
     return lookups[0] if lookups else None
-
-
-def register_parameter(gm: fx.GraphModule, dotted: str, value: torch.Tensor) -> None:
-    """A frozen parameter of the graph under `dotted`, its parent modules created as needed."""
-    owner, _, leaf = dotted.rpartition(".")
-    if owner not in dict(gm.named_modules()):
-        gm.add_submodule(owner, torch.nn.Module())
-    gm.get_submodule(owner).register_parameter(leaf, torch.nn.Parameter(value.clone(), requires_grad=False))
 
 
 def _attribute(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:

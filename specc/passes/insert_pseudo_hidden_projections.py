@@ -32,14 +32,12 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import is_cached_attention, layer_output, register_parameter
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import add_placeholder, attention_nodes, layer_index, placeholder
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.passes.expose_layer_exit import layer_output
-from specc.passes.insert_kv_cache import is_cached_attention
-from specc.passes.insert_mask_tokens import register_parameter
 
 PSEUDO_SOURCE_ROLE = "pseudo_source"
 PSEUDO_STEP_ROLE = "pseudo_step"

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from specc.graph.patterns import is_residual_add, layer_path, partition_order, rename_submodules
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import SDPA, calls_submodules, layer_index, module_path
 from specc.passes.base import GraphPass, PassResult
-from specc.passes.segment_by_layer import _partition_order, _rename_submodules
 
 SKIP_BRANCH_ROLE = "skip_branch"
 _SEGMENT_PREFIXES = ("prologue", "epilogue", "attn_", "mlp_", "layer_")
@@ -78,9 +77,9 @@ class InsertSkipBranches(GraphPass):
         if layout is None:
             return PassResult.unchanged(gm)
         partition, streams = layout
-        order = _partition_order(partition)
+        order = partition_order(partition)
         split = split_module(gm, gm, lambda node: order[partition[node]], keep_original_order=True)
-        _rename_submodules(split, {f"submod_{i}": name for name, i in order.items()})
+        rename_submodules(split, {f"submod_{i}": name for name, i in order.items()})
         _mark_skip_branches(split, streams)
         split.graph.lint()
         split.recompile()
@@ -128,10 +127,10 @@ def _find_sublayers(graph: fx.Graph, config: SkipBranchesConfig) -> tuple[dict[f
                        "epilogue" if layer >= end_skippable else f"{kind}_{layer}")
             if node.op == "call_function" and node.target == SDPA:
                 seen["attn"].add(layer)
-            if module_path(node).startswith(f"{_layer_path(node)}.{config.mlp_module_name}"):
+            if module_path(node).startswith(f"{layer_path(node)}.{config.mlp_module_name}"):
                 seen["mlp"].add(layer)
         partition[node] = current
-        if layer is not None and _is_residual_add(node) and layer in seen[kind]:
+        if layer is not None and is_residual_add(node) and layer in seen[kind]:
             stage[layer] += 1
             closes.append(node)
             current = "epilogue" if stage[layer] == 2 and layer == layers[-1] else current
@@ -145,18 +144,6 @@ def _find_sublayers(graph: fx.Graph, config: SkipBranchesConfig) -> tuple[dict[f
         streams[f"attn_{layer}"] = closes[2 * layer - 1].name
         streams[f"mlp_{layer}"] = closes[2 * layer].name
     return partition, streams
-
-
-def _layer_path(node: fx.Node) -> str:
-    path = module_path(node)
-    marker = f"layers.{layer_index(node)}"
-    return path[: path.index(marker) + len(marker)]
-
-
-def _is_residual_add(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target == torch.ops.aten.add.Tensor
-            and module_path(node) == _layer_path(node)
-            and all(isinstance(a, fx.Node) for a in node.args[:2]))
 
 
 def _mark_skip_branches(split: fx.GraphModule, streams: dict[str, str]) -> None:

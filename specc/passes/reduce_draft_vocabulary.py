@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from specc.graph.patterns import lm_head
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import output_node
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
@@ -27,7 +28,6 @@ from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 
 aten = torch.ops.aten
-_PASS_THROUGH = {aten.alias.default, aten.to.dtype, aten._to_copy.default, aten.view.default, aten.reshape.default}
 
 
 @dataclass(frozen=True)
@@ -76,23 +76,6 @@ class ReduceDraftVocabulary(GraphPass):
         tidy(gm)
         return PassResult(gm, True, inserted=[reduced.name], replaced=[weight_node.name],
                           added_parameters=[f"{self.config.module_name}.weight"])
-
-
-def lm_head(graph: fx.Graph) -> fx.Node:
-    """The `linear` producing the output declared with role `logits`."""
-    output = output_node(graph)
-    specs = output.meta.get(OUTPUTS_META, [])
-    roles = [spec["role"] for spec in specs]
-    if "logits" not in roles:
-        raise SpeccError("the graph declares no logits output; nothing to reduce")
-    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
-    node = values[roles.index("logits")]
-    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _PASS_THROUGH:
-        node = node.args[0]
-    if not (isinstance(node, fx.Node) and node.target == aten.linear.default
-            and isinstance(node.args[1], fx.Node) and node.args[1].op == "get_attr"):
-        raise SpeccError(f"expected the logits to come from a linear LM head, found {getattr(node, 'target', node)}")
-    return node
 
 
 def _redeclare_logits(graph: fx.Graph, size: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from specc.graph.patterns import partition_order, rename_submodules
 from specc.graph.nodes import calls_submodules, layer_index
 from specc.passes.base import GraphPass, PassResult
 
@@ -35,10 +36,10 @@ class SegmentByLayer(GraphPass):
         partition = _partition_by_layer(gm.graph)
         if not any(p.startswith("layer_") for p in partition.values()):
             return PassResult.unchanged(gm)
-        order = _partition_order(partition)
+        order = partition_order(partition)
         split = split_module(gm, gm, lambda node: order[partition[node]], keep_original_order=True)
         names = {f"submod_{i}": name for name, i in order.items()}
-        _rename_submodules(split, names)
+        rename_submodules(split, names)
         split.graph.lint()
         split.recompile()
         return PassResult(split, True, inserted=sorted(names.values(), key=lambda n: order[n]))
@@ -71,17 +72,5 @@ def _position(graph: fx.Graph):
     return index.__getitem__
 
 
-def _partition_order(partition: dict[fx.Node, str]) -> dict[str, int]:
-    order: dict[str, int] = {}
-    for name in partition.values():
-        order.setdefault(name, len(order))
-    return order
 
 
-def _rename_submodules(split: fx.GraphModule, names: dict[str, str]) -> None:
-    for node in split.graph.nodes:
-        if node.op == "call_module" and node.target in names:
-            new = names[node.target]
-            split.add_submodule(new, getattr(split, node.target))
-            delattr(split, node.target)
-            node.target = new

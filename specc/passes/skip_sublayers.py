@@ -26,12 +26,11 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from specc.graph.patterns import is_residual_add, layer_path, remove_unreachable
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import SDPA, layer_index, module_path
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
-from specc.passes.expose_layer_exit import remove_unreachable
-from specc.passes.insert_skip_branches import _is_residual_add, _layer_path
 
 _SUBLAYER = re.compile(r"(attn|mlp)_(\d+)")
 
@@ -89,9 +88,9 @@ def residual_closes(graph: fx.Graph, mlp_module_name: str = "mlp") -> dict[str, 
         kinds = seen.setdefault(layer, set())
         if node.target == SDPA:
             kinds.add("attn")
-        if module_path(node).startswith(f"{_layer_path(node)}.{mlp_module_name}"):
+        if module_path(node).startswith(f"{layer_path(node)}.{mlp_module_name}"):
             kinds.add("mlp")
-        if _is_residual_add(node) and kinds:
+        if is_residual_add(node) and kinds:
             if len(kinds) != 1:
                 raise SpeccError(f"residual add {node.name} of layer {layer} closes both an attention and an MLP; "
                                  f"skip_sublayers supports sequential pre-norm decoder layers only")

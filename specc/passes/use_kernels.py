@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from specc.graph.patterns import is_cached_attention
 from specc.errors import SpeccError
 from specc.graph.nodes import attention_nodes
 from specc.graph.tidy import tidy
 from specc.kernels import KERNELS
 from specc.passes.base import GraphPass, PassResult
-from specc.passes.insert_kv_cache import is_cached_attention
 
 _REWRITTEN_KWARGS = {"scale", "enable_gqa"}   # dropout and is_causal are gone after insert_attention_mask
 

@@ -31,10 +31,11 @@ import torch
 import torch.fx as fx
 from tqdm import tqdm
 
+from specc.graph.patterns import layer_output
 from specc.graph.signature import read_signature
 from specc.methods.descriptor import TrainResult
 from specc.graph.nodes import output_node
-from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig, layer_output
+from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
 from specc.passes.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.passes.manager import run_passes
 from specc.program import SpeculativeProgram
