@@ -13,7 +13,7 @@ from specc.graph.nodes import attention_nodes
 from specc.inspect_engine import inspect_engine
 from specc.kernels import KERNELS, kernels_in_graph
 from specc.methods.infrastructure import infrastructure_passes
-from specc.passes.segment_by_layer import SegmentByLayer
+from specc.methods.specee.segment_by_layer import SegmentByLayer
 from specc.passes.use_kernels import UseKernels
 from specc.testing import build_tiny_checkpoint, captured_tiny, hf_greedy, non_matching_graph, run_cached_steps
 

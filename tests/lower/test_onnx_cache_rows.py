@@ -15,7 +15,7 @@ from specc.graph.signature import GraphSignature, TensorSpec, read_signature
 from specc.lower.onnx_cache_rows import expose_cache_writes, inline_submodules, write_rows_into_caches
 from specc.methods.infrastructure import infrastructure_passes
 from specc.passes.manager import run_passes
-from specc.passes.segment_by_layer import SegmentByLayer
+from specc.methods.specee.segment_by_layer import SegmentByLayer
 from specc.testing import PASS_TEST_MAX_LEN, captured_tiny
 
 aten = torch.ops.aten

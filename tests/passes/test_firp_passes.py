@@ -20,7 +20,7 @@ from specc.graph.signature import read_signature
 from specc.methods.infrastructure import infrastructure_passes
 from specc.passes.expose_position_ids import ExposePositionIds
 from specc.passes.insert_attention_mask import InsertAttentionMask
-from specc.passes.insert_pseudo_hidden_projections import (
+from specc.methods.firp.insert_pseudo_hidden_projections import (
     InsertPseudoHiddenProjections, PseudoHiddenConfig, default_pseudo_layers)
 from specc.passes.manager import run_passes
 from specc.testing import FAMILIES, PASS_TEST_MAX_LEN, captured_tiny, non_matching_graph

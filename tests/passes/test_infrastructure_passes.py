@@ -11,7 +11,7 @@ from specc.graph.nodes import attention_nodes, placeholder
 from specc.passes.expose_position_ids import ExposePositionIds
 from specc.passes.insert_attention_mask import InsertAttentionMask
 from specc.passes.insert_kv_cache import InsertKVCache
-from specc.passes.segment_by_layer import SegmentByLayer
+from specc.methods.specee.segment_by_layer import SegmentByLayer
 
 aten = torch.ops.aten
 IDS = torch.randint(4, 96, (1, 11), generator=torch.Generator().manual_seed(3))

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from specc.graph.signature import read_signature
-from specc.passes.attach_draft_head import AttachDraftHead
-from specc.passes.expose_final_hidden import ExposeFinalHidden
-from specc.passes.insert_exit_predictors import (ExitPredictorConfig, InsertExitPredictors, apply_predictor,
+from specc.methods.specee.attach_draft_head import AttachDraftHead
+from specc.methods.specee.expose_final_hidden import ExposeFinalHidden
+from specc.methods.specee.insert_exit_predictors import (ExitPredictorConfig, InsertExitPredictors, apply_predictor,
                                                  predictor_features, predictor_parameters, score_name)
 from specc.passes.manager import run_passes
-from specc.passes.segment_by_layer import SegmentByLayer
+from specc.methods.specee.segment_by_layer import SegmentByLayer
 from tests.passes.test_expose_layer_exit import cached_graph, decoding_inputs
 
 FAMILIES = ["llama", "qwen3", "phi3"]   # plain, qk-norm, fused qkv

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
-from specc.passes.insert_pseudo_hidden_projections import PseudoHiddenConfig
+from specc.methods.firp.insert_pseudo_hidden_projections import PseudoHiddenConfig
 
 TREE_NAMES = ("chain", "cpu", "16", "32", "63")
 PSEUDO_ROWS = ("chain", "all")

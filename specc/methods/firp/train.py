@@ -36,7 +36,7 @@ from specc.graph.signature import read_signature
 from specc.methods.descriptor import TrainResult
 from specc.graph.nodes import output_node
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
-from specc.passes.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
+from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.passes.manager import run_passes
 from specc.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE

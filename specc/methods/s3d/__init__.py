@@ -42,9 +42,9 @@ from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, Trai
 from specc.methods.infrastructure import infrastructure_passes
 from specc.methods.s3d.config import S3DConfig
 from specc.methods.s3d.drafter import MaskTokenDrafter
-from specc.passes.attach_draft_lora import AttachDraftLora
-from specc.passes.insert_mask_tokens import InsertMaskTokens
-from specc.passes.skip_middle_layers import SkipMiddleLayers
+from specc.methods.s3d.attach_draft_lora import AttachDraftLora
+from specc.methods.s3d.insert_mask_tokens import InsertMaskTokens
+from specc.methods.s3d.skip_middle_layers import SkipMiddleLayers
 from specc.runtime.drafter import MethodRuntime
 
 __all__ = ["METHOD", "S3DConfig", "MaskTokenDrafter"]

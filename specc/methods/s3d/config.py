@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.methods.config import MethodConfig, option
-from specc.passes.attach_draft_lora import DraftLoraConfig
-from specc.passes.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleLayersConfig
+from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
+from specc.methods.s3d.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleLayersConfig
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, Trai
 from specc.methods.infrastructure import infrastructure_passes
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SpecEEConfig
 from specc.methods.specee.runtime import build_runtime
-from specc.passes.attach_draft_head import AttachDraftHead
-from specc.passes.expose_final_hidden import ExposeFinalHidden
-from specc.passes.insert_exit_predictors import ExitPredictorConfig, InsertExitPredictors
+from specc.methods.specee.attach_draft_head import AttachDraftHead
+from specc.methods.specee.expose_final_hidden import ExposeFinalHidden
+from specc.methods.specee.insert_exit_predictors import ExitPredictorConfig, InsertExitPredictors
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
-from specc.passes.segment_by_layer import SegmentByLayer
+from specc.methods.specee.segment_by_layer import SegmentByLayer
 
 __all__ = ["METHOD", "SpecEEConfig"]
 

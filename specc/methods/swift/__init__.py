@@ -45,10 +45,10 @@ from specc.methods.swift.config import SKIP_SET_KEY, SwiftConfig
 from specc.methods.swift.drafter import CompiledSkipSet, SwiftDrafter, build_drafter
 from specc.methods.swift.search import describe_skip_set, odd_layers
 from specc.methods.swift.segments import SkippingForward
-from specc.passes.insert_skip_branches import InsertSkipBranches, skip_branches
+from specc.methods.swift.insert_skip_branches import InsertSkipBranches, skip_branches
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
-from specc.passes.skip_sublayers import SkipSublayers, SkipSublayersConfig
+from specc.methods.swift.skip_sublayers import SkipSublayers, SkipSublayersConfig
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY, vocabulary_from_state
 from specc.runtime.drafter import MethodRuntime
 from specc.train.reduce_draft_head import reduce_draft_head

@@ -16,7 +16,7 @@ from typing import Callable
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.passes.insert_skip_branches import skip_branches
+from specc.methods.swift.insert_skip_branches import skip_branches
 
 
 class SkippingForward:
