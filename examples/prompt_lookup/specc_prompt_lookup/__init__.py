@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.errors import UsageError
-from specc.methods.config import MethodConfig, option
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor
-from specc.methods.infrastructure import infrastructure_passes
-from specc.runtime.drafter import MethodRuntime
+from specc.extension import (TARGET, GraphRecipe, MethodConfig, MethodDescriptor, MethodRuntime, UsageError,
+                             infrastructure_passes, option)
 from specc_prompt_lookup.drafter import NgramDrafter
 
 

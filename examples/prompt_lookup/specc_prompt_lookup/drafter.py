@@ -6,8 +6,7 @@ from collections import Counter
 
 import torch
 
-from specc.runtime.drafter import Draft, DraftBudget
-from specc.runtime.tree import TreeSpec, tree_tensors
+from specc.extension import Draft, DraftBudget, TreeSpec, tree_tensors
 
 
 class NgramDrafter:

@@ -1,0 +1,36 @@
+"""Everything a method or backend living outside specc needs, in one place.
+
+    from specc.extension import MethodDescriptor, GraphRecipe, MethodConfig, option, ...
+
+A method is a `MethodDescriptor` registered under the `specc.methods` entry point: its
+config (`MethodConfig` with `option` fields), per-graph recipes (`GraphRecipe`: a source
+checkpoint and passes, starting from `infrastructure_passes()`), and `build_runtime`,
+which turns a `MethodContext` into a `MethodRuntime` (a target and a drafter proposing
+`Draft`s within a `DraftBudget`). A pass is a `GraphPass` returning a `PassResult`, and
+finds what it rewrites through `specc.graph.patterns`. A backend is a `Backend` registered
+under `specc.backends`. `examples/prompt_lookup` is a complete method written against
+this module alone; docs/extending.md explains the contract.
+"""
+
+from __future__ import annotations
+
+from specc.errors import SpeccError, UsageError
+from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
+from specc.methods.config import MethodConfig, option
+from specc.methods.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
+from specc.methods.infrastructure import infrastructure_passes
+from specc.passes.base import GraphPass, PassResult, new_nodes
+from specc.runtime.acceptance import Acceptance
+from specc.runtime.cached_model import CachedModel
+from specc.runtime.context import MethodContext
+from specc.runtime.drafter import Draft, DraftBudget, Drafter, MethodRuntime, Target
+from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
+from specc.runtime.verification import Verification
+
+__all__ = [
+    "Acceptance", "Backend", "CachedModel", "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS",
+    "ExtraSource", "GraphPass", "GraphRecipe", "LoweringTarget", "MethodConfig", "MethodContext",
+    "MethodDescriptor", "MethodRuntime", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
+    "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification", "infrastructure_passes", "new_nodes",
+    "option", "tree_tensors",
+]
