@@ -42,6 +42,7 @@ class CudaGraphs:
         self.static_inputs = frozenset(i for i, spec in enumerate(signature.inputs) if spec.role == CACHE_ROLE)
         self.copied_inputs = tuple(i for i in range(len(signature.inputs)) if i not in self.static_inputs)
         self.first_static = min(self.static_inputs, default=None)
+        self.last_static = max(self.static_inputs, default=None)
         self.inputs_q = q_axes(signature.inputs)
         self.outputs_q = q_axes(signature.outputs)
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
@@ -71,10 +72,13 @@ class CudaGraphs:
         return padding.unpad(graph.replay(padded, self.copied_inputs), rows, copy=True)
 
     def _key(self, args) -> tuple:
-        """The shapes of the copied inputs and where the caches live (one KV cache allocates
-        all of its tensors together, so its first tensor's address names the set)."""
+        """The shapes of the copied inputs and where the caches live. A captured graph holds
+        the addresses of the caches it was captured with; the first and last cache tensors'
+        addresses tell one cache set from another without reading all of them every call."""
         shapes = tuple(tuple(args[i].shape) for i in self.copied_inputs)
-        return shapes, None if self.first_static is None else args[self.first_static].data_ptr()
+        if self.first_static is None:
+            return shapes, None
+        return shapes, args[self.first_static].data_ptr(), args[self.last_static].data_ptr()
 
     def _capture(self, key: tuple, args: list):
         try:
