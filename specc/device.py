@@ -87,9 +87,8 @@ def _on_device(value, device: torch.device):
     return value
 
 
-def check_fits(error: BaseException, what: str) -> None:
-    """Turn a CUDA out-of-memory error into a UsageError naming `what` did not fit."""
-    if isinstance(error, torch.OutOfMemoryError):
-        first = str(error).splitlines()[0] if str(error) else "out of memory"
-        raise UsageError(f"{what} does not fit in the device's memory ({first}); "
-                         f"lower --max-seq-len or use a smaller dtype") from None
+def does_not_fit(error: torch.OutOfMemoryError, what: str) -> UsageError:
+    """The usage error for `what` running out of device memory."""
+    first = str(error).splitlines()[0] if str(error) else "out of memory"
+    return UsageError(f"{what} does not fit in the device's memory ({first}); "
+                      f"lower --max-seq-len or use a smaller dtype")

@@ -65,7 +65,8 @@ def benchmark(options: BenchOptions) -> dict:
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
     bound = bandwidth.bound(baselines.model_info["parameters"], engine.manifest["dtype"])
-    settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source, "num_prompts": len(prompts),
+    settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source,
+                "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,
                 "chat_template": chat_formatted,
                 "warmup_runs_per_system": 1, "decoding": "greedy, batch 1", "interleaved": True,

@@ -106,7 +106,8 @@ def predict(engine_stats: list[GenerationStats], baseline_stats: list[Generation
 
 def _s3d(engine_stats: list[GenerationStats], gamma: int | None, target: float) -> dict:
     if gamma is None:
-        return {"improvement_factor": None, "reason": "the method declares no draft depth (MethodDescriptor.draft_depth)"}
+        return {"improvement_factor": None,
+                "reason": "the method declares no draft depth (MethodDescriptor.draft_depth)"}
     rounds = [a for s in engine_stats for a in s.accepted_per_round]
     steps = sum(s.target_forward_passes - 1 for s in engine_stats)
     overhead = sum(s.wall_seconds - s.prefill_seconds - s.draft_seconds - s.verify_seconds for s in engine_stats)

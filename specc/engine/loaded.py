@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
-from specc.device import check_fits, device_kind, move_graph, resolve_device
+from specc.device import device_kind, does_not_fit, move_graph, resolve_device
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
@@ -46,7 +46,8 @@ class LoadedEngine:
                     warm_up(graphs[name], target)
             self.cuda_graphs = _replayed_from_cuda_graphs(graphs, targets, backend, device)
         except torch.OutOfMemoryError as exc:
-            check_fits(exc, f"the engine ({manifest['dtype']}, --max-seq-len {self.max_seq_len}) on {device}")
+            raise does_not_fit(exc, f"the engine ({manifest['dtype']}, --max-seq-len {self.max_seq_len}) "
+                                    f"on {device}") from None
         self.context = MethodContext(
             graphs=graphs, modules={name: t.module for name, t in targets.items()},
             signatures={name: t.signature for name, t in targets.items()},
@@ -56,7 +57,7 @@ class LoadedEngine:
         try:
             self.runtime = self.method.build_runtime(self.context, self.config)
         except torch.OutOfMemoryError as exc:
-            check_fits(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}")
+            raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}") from None
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
         # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
         self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None

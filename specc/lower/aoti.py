@@ -175,8 +175,7 @@ def packaging_config(target: LoweringTarget) -> dict:
     template wins for every decode-sized linear of SmolLM2, and small kernels kept on one
     thread (see the module docstring); rounding as eager rounds, as under `inductor`."""
     config = {"freezing": True, **EXACT_ROUNDING}
-    on_cpu = all(t.device.type == "cpu" for t in (*target.module.parameters(), *target.module.buffers()))
-    if on_cpu:
+    if target.device.type == "cpu":
         config.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                        "cpp.min_chunk_size": MIN_CHUNK_PER_THREAD})
     return config

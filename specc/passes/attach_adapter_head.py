@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import LAYER_PATH, adopt_parameters, attention_of, declare_cache_input, final_norm_path, layer_output, remove_unreachable, renamed
 from specc.errors import SpeccError
 from specc.graph.nodes import _normalize_path, layer_index, module_path, placeholder
+from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, declare_cache_input, final_norm_path,
+                                  layer_output, remove_unreachable, renamed)
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 

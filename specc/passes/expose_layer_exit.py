@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.patterns import layer_output, remove_unreachable
 from specc.errors import UsageError
 from specc.graph.nodes import add_placeholder, layer_index, output_node, placeholder
+from specc.graph.patterns import layer_output, remove_unreachable
 from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult

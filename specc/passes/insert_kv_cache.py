@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import declare_cache_input, is_cached_attention
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attention_nodes, layer_index, placeholder
+from specc.graph.patterns import declare_cache_input, is_cached_attention
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import lm_head
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import output_node
+from specc.graph.patterns import lm_head
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.patterns import is_cached_attention
 from specc.errors import SpeccError
 from specc.graph.nodes import attention_nodes
+from specc.graph.patterns import is_cached_attention
 from specc.graph.tidy import tidy
 from specc.kernels import KERNELS
 from specc.passes.base import GraphPass, PassResult

@@ -59,7 +59,8 @@ class CachedModel:
     def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, *extra_inputs: torch.Tensor) -> tuple:
         """Every graph output, raw; `extra_inputs` follow the caches (method-specific inputs)."""
-        tokens, positions, slots, mask = (t.to(self.device, non_blocking=True) for t in (tokens, positions, slots, mask))
+        tokens, positions, slots, mask = (t.to(self.device, non_blocking=True)
+                                          for t in (tokens, positions, slots, mask))
         extra_inputs = [t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
                         for t in extra_inputs]
         mask = pad_keys(apply_sliding_window(mask, positions, self.architecture.sliding_window), self.max_seq_len)

@@ -60,7 +60,8 @@ def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_b
     runs = run_interleaved(systems, PROMPTS, repeats=3, memory=memory, show_progress=False)
     prompts = [{"index": i, "category": c, "prompt_tokens": len(p), "preview": "x"}
                for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))]
-    manifest = {"method": "draft-model", "method_config": {"draft_model": "d", "num_draft_tokens": 2}, "lossless": lossless,
+    manifest = {"method": "draft-model", "method_config": {"draft_model": "d", "num_draft_tokens": 2},
+                "lossless": lossless,
                 "backend": "eager", "dtype": dtype, "max_seq_len": 64, "graphs": {"target": {}},
                 **({"method_state": method_state} if method_state else {})}
     return build_document(

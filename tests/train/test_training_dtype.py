@@ -24,7 +24,8 @@ TRAIN = ["train_steps=4", "train_seq_len=32", "eval_sequences=2", "eval_every=4"
 @pytest.fixture
 def float32_is_faster(monkeypatch):
     """A CPU whose float32 products beat bfloat16 ones (bfloat16 without AMX)."""
-    monkeypatch.setattr(train_dtype, "matmul_seconds", lambda dtypes, hidden, device="cpu": {d: float(d != "float32") for d in dtypes})
+    monkeypatch.setattr(train_dtype, "matmul_seconds",
+                        lambda dtypes, hidden, device="cpu": {d: float(d != "float32") for d in dtypes})
 
 
 @pytest.fixture
@@ -82,7 +83,8 @@ def added_weights(engine) -> dict:
 
 def test_training_runs_in_whichever_dtype_multiplies_faster_here(monkeypatch):
     timings = {"bfloat16": 2.0, "float32": 1.0}
-    monkeypatch.setattr(train_dtype, "matmul_seconds", lambda dtypes, hidden, device="cpu": {d: timings[d] for d in dtypes})
+    monkeypatch.setattr(train_dtype, "matmul_seconds",
+                        lambda dtypes, hidden, device="cpu": {d: timings[d] for d in dtypes})
     assert train_dtype.training_dtype("bfloat16", 64) == "float32"
     timings["bfloat16"] = 0.5   # a CPU with bfloat16 matrix units (AMX)
     assert train_dtype.training_dtype("bfloat16", 64) == "bfloat16"

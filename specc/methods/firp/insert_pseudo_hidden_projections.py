@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import is_cached_attention, layer_output, register_parameter
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import add_placeholder, attention_nodes, layer_index, placeholder
+from specc.graph.patterns import is_cached_attention, layer_output, register_parameter
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import register_parameter
 from specc.errors import UsageError
 from specc.graph.nodes import module_path
+from specc.graph.patterns import register_parameter
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 

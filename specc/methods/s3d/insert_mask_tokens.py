@@ -19,9 +19,9 @@ import operator
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import is_cached_attention, register_parameter
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attention_nodes, placeholder
+from specc.graph.patterns import is_cached_attention, register_parameter
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.patterns import layer_output, remove_unreachable
 from specc.errors import UsageError
 from specc.graph.nodes import layer_index
+from specc.graph.patterns import layer_output, remove_unreachable
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 

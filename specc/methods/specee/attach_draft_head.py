@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output, remove_unreachable
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
+from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output,
+                                  remove_unreachable)
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import own_cache, relabel

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.patterns import layer_output
 from specc.graph.nodes import layer_index, output_node
+from specc.graph.patterns import layer_output
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.patterns import PASS_THROUGH, layer_output, lm_head
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
+from specc.graph.patterns import PASS_THROUGH, layer_output, lm_head
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from specc.graph.patterns import partition_order, rename_submodules
 from specc.graph.nodes import calls_submodules, layer_index
+from specc.graph.patterns import partition_order, rename_submodules
 from specc.passes.base import GraphPass, PassResult
 
 

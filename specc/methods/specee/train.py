@@ -27,7 +27,8 @@ from specc.methods.descriptor import TrainResult
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.methods.specee.attach_draft_head import DraftHeadConfig
-from specc.methods.specee.insert_exit_predictors import MODULE, apply_predictor, predictor_features, predictor_parameters
+from specc.methods.specee.insert_exit_predictors import (MODULE, apply_predictor, predictor_features,
+                                                         predictor_parameters)
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
 from specc.program import SpeculativeProgram

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from specc.graph.patterns import is_residual_add, layer_path, partition_order, rename_submodules
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import SDPA, calls_submodules, layer_index, module_path
+from specc.graph.patterns import is_residual_add, layer_path, partition_order, rename_submodules
 from specc.passes.base import GraphPass, PassResult
 
 SKIP_BRANCH_ROLE = "skip_branch"

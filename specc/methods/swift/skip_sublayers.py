@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.patterns import is_residual_add, layer_path, remove_unreachable
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import SDPA, layer_index, module_path
+from specc.graph.patterns import is_residual_add, layer_path, remove_unreachable
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 
