@@ -84,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from specc.bench.harness import _quiet_transformers
+    from specc.bench.harness import quiet_transformers
     from specc.bench.machine import DEVICE_USED, device_label, machine_info, versions
     from specc.errors import UsageError
     from specc.lower.registry import get_backend
 
     if args.max_new_tokens < 1 or args.repeats < 1:
         raise UsageError("--max-new-tokens and --repeats must be at least 1")
-    _quiet_transformers()   # a loading bar per model load would bury the progress lines
+    quiet_transformers()   # a loading bar per model load would bury the progress lines
     model_name, checkpoint = resolve_model(args.model_spec)
     max_seq_len = args.max_seq_len or run_all._max_seq_len(checkpoint)
     engines_dir = args.engines_dir or run_all.ENGINES / f"{model_name}-backends"
@@ -202,7 +202,7 @@ def time_backends(paths: dict[str, Path], backends: dict[str, dict], checkpoint:
     from specc.bench import statistics as st
     from specc.bench.baselines import source_checkpoint
     from specc.bench.document import memory_summary
-    from specc.bench.harness import MIN_REPEATS_FOR_SPREAD, _encode_fitting
+    from specc.bench.harness import MIN_REPEATS_FOR_SPREAD, encode_fitting
     from specc.bench.memory import MemoryProbe
     from specc.data.prompts import load_prompt_set
     from specc.bench.runner import run_interleaved
@@ -228,7 +228,7 @@ def time_backends(paths: dict[str, Path], backends: dict[str, dict], checkpoint:
     first = next(iter(engines.values()))
     model = load_model(source_checkpoint(first.manifest), first.manifest["dtype"])
     prompt_set = load_prompt_set(args.prompts, args.num_prompts)
-    prompts, prompt_ids, notes = _encode_fitting(first, prompt_set, args.max_new_tokens)
+    prompts, prompt_ids, notes = encode_fitting(first, prompt_set, args.max_new_tokens)
     notes = prompt_set.notes + notes
     if args.repeats < MIN_REPEATS_FOR_SPREAD:
         notes.append(f"only {args.repeats} repeat(s): the median, min and max are not a spread; "

@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 def measure(engine_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int,
             settings: list[str] = ()) -> dict:
     from specc.bench.baselines import source_checkpoint
-    from specc.bench.harness import _encode_fitting
+    from specc.bench.harness import encode_fitting
     from specc.data.prompts import load_prompt_set
     from specc.engine.loaded import load_engine
-    from specc.testing import hf_greedy
+    from specc.testing.checkpoints import hf_greedy
 
     engine = load_engine(engine_dir)
     if settings:
@@ -67,7 +67,7 @@ def measure(engine_dir: Path, prompts: str, num_prompts: int, max_new_tokens: in
     mode = engine.config.mode if engine.method.name == "specee" else None
     if mode not in ("ar", "tree"):
         raise SystemExit(f"{engine_dir} is not a lossy early-exit engine (specee mode=ar or mode=tree)")
-    _, prompt_ids, _ = _encode_fitting(engine, load_prompt_set(prompts, num_prompts), max_new_tokens)
+    _, prompt_ids, _ = encode_fitting(engine, load_prompt_set(prompts, num_prompts), max_new_tokens)
     dense = hf_greedy(source_checkpoint(engine.manifest), prompt_ids, max_new_tokens)
     rows = []
     for ids, reference in zip(prompt_ids, dense):

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure(source: Path, settings: list[str] = ()) -> dict:
     from specc.capture.load import load_model, load_tokenizer
     from specc.methods.firp import FIRPConfig
-    from specc.methods.firp.train import PseudoStudent, _Teacher, projection_tensors, train_projections
+    from specc.methods.firp.train import PseudoStudent, WindowTeacher, projection_tensors, train_projections
     from specc.train.corpus import token_windows
     from specc.train.distill import evaluate
 
@@ -75,7 +75,7 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
         firp_training = engine.method_state.get("training")
     else:
         from specc.compiler import build_program
-        from specc.methods.descriptor import get_method
+        from specc.contract.descriptor import get_method
 
         config = FIRPConfig.from_assignments(list(settings))
         checkpoint, tokenizer = source, load_tokenizer(source)
@@ -88,7 +88,7 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
     layers = config.pass_config().resolve(arch.num_layers)
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
-    teacher = _Teacher(target, arch, layers, config.teacher_top_k)
+    teacher = WindowTeacher(target, arch, layers, config.teacher_top_k)
     train = [_with_final_hidden(teacher(w), model) for w in windows.train]
     heldout = [_with_final_hidden(teacher(w), model) for w in windows.heldout]
     parameters = projection_tensors(target)

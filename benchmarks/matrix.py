@@ -1,5 +1,5 @@
 """The exactness matrix as a table: every lossless method × family × backend on quirky tiny
-checkpoints (`specc.exactness_matrix`), float32 against Hugging Face greedy and bfloat16
+checkpoints (`specc.testing.exactness_matrix`), float32 against Hugging Face greedy and bfloat16
 against the bfloat16 `none` engine of the same backend.
 
     python benchmarks/matrix.py [--backends eager,onnx] [--methods none,specee] [--families mistral]
@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
-    from specc.exactness_matrix import BACKENDS, METHODS
-    from specc.testing import FAMILIES
+    from specc.testing.exactness_matrix import BACKENDS, METHODS
+    from specc.testing.checkpoints import FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -45,8 +45,8 @@ def measure(methods, families, backends, dtypes, bfloat16_family) -> list:
     import torch
     from tqdm import tqdm
 
-    from specc.exactness_matrix import Cell, QuirkyCheckpoints, run_cell
-    from specc.methods.descriptor import get_method
+    from specc.testing.exactness_matrix import Cell, QuirkyCheckpoints, run_cell
+    from specc.contract.descriptor import get_method
 
     for method in methods:
         get_method(method)   # an unknown or uninstalled method stops here, with its error
@@ -65,7 +65,7 @@ def measure(methods, families, backends, dtypes, bfloat16_family) -> list:
 
 def table(results) -> str:
     """One markdown table per (dtype, backend): methods as rows, families as columns."""
-    from specc.testing import QUIRKS
+    from specc.testing.checkpoints import QUIRKS
 
     lines = ["# Exactness matrix", "",
              "float32: token-identical to Hugging Face greedy `generate`; bfloat16: to the bfloat16 `none` "

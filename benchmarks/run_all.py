@@ -181,7 +181,7 @@ def results_section(results_dir: Path) -> str:
 
 
 def selected_methods(names: str | None) -> list:
-    from specc.methods.descriptor import all_methods, get_method
+    from specc.contract.descriptor import all_methods, get_method
 
     if not names:
         return all_methods()
@@ -225,7 +225,7 @@ def run_method(method, target: Path, draft: Path, baseline: Path, engines: Path,
 def compile_method(name: str, target: Path, draft: Path | None, engines: Path, backend: str,
                    max_seq_len: int, settings: list[str] = (), dtype: str = "float32") -> Path:
     from specc.compiler import CompileRequest, compile_engine
-    from specc.methods.descriptor import get_method
+    from specc.contract.descriptor import get_method
 
     if draft is not None:
         settings = [*settings, *(f"{s.config_field}={draft}" for s in get_method(name).extra_sources)]

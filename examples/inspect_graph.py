@@ -13,7 +13,7 @@ import sys
 from specc.capture.load import load_model, resolve_checkpoint
 from specc.compiler import build_program
 from specc.graph.signature import read_signature
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 
 
 def main() -> int:

@@ -70,7 +70,7 @@ class Engine:
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
         """The generated text piece by piece, as each round's tokens are accepted."""
-        from specc.textgen import TextDelta
+        from specc.runtime.textgen import TextDelta
 
         rounds = self.loaded.rounds(self._ids(prompt), max_new_tokens, _sampling(temperature, top_p, seed))
         text = TextDelta(self.tokenizer)

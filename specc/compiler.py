@@ -11,19 +11,19 @@ import torch
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
-from specc.device import device_kind, move_graph, resolve_device
+from specc.host.device import device_kind, move_graph, resolve_device
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
-from specc.methods.descriptor import TARGET, check_backend, get_method, is_lossless
+from specc.contract.descriptor import TARGET, check_backend, get_method, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.use_kernels import UseKernels
-from specc.program import ProgramGraph, SpeculativeProgram, graph_copy
-from specc.progress import StageReporter
+from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
+from specc.console.progress import StageReporter
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")

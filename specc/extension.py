@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from specc.errors import SpeccError, UsageError
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
-from specc.methods.config import MethodConfig, option
-from specc.methods.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.config import MethodConfig, option
+from specc.contract.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():   # on a GPU, Inductor's Triton kernels (and s
 
 import pytest
 
-from specc.testing import build_tiny_checkpoint, set_eos_to_a_generated_token, varied_prompts
+from specc.testing.checkpoints import build_tiny_checkpoint, set_eos_to_a_generated_token, varied_prompts
 
 # The test models are tiny: intra-op threads only add overhead, and they
 # thrash badly when several test processes share the two cores.

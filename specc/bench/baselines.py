@@ -66,7 +66,7 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
 
 
 def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
-    from specc.methods.descriptor import get_method
+    from specc.contract.descriptor import get_method
 
     sources = get_method(manifest["method"]).extra_sources
     if not sources:

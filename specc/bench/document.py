@@ -11,7 +11,7 @@ import time
 from specc.bench import statistics as st
 from specc.bench.memory import MemoryProbe, process_peak_rss_bytes
 from specc.bench.predict import draft_depth, predict
-from specc.methods.descriptor import COMPILE_TIME_PREDICTION
+from specc.contract.descriptor import COMPILE_TIME_PREDICTION
 from specc.bench.runner import Run
 from specc.bench.systems import ENGINE, HF_GREEDY, SPECC_NONE, System
 

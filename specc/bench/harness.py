@@ -41,11 +41,11 @@ def benchmark(options: BenchOptions) -> dict:
         raise UsageError(f"--max-new-tokens {options.max_new_tokens} must be at least 1")
     if options.repeats < 1:
         raise UsageError(f"--repeats {options.repeats} must be at least 1")
-    _quiet_transformers()
+    quiet_transformers()
     engine = load_engine(options.engine, device=options.device)
     source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
     prompt_set = load_prompt_set(options.prompts, options.num_prompts)
-    prompts, prompt_ids, notes = _encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
+    prompts, prompt_ids, notes = encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
     chat_formatted = any(p["chat_template"] for p in prompts)
     notes = prompt_set.notes + notes
     if engine.max_draft_rows is not None:
@@ -80,14 +80,14 @@ def benchmark(options: BenchOptions) -> dict:
     )
 
 
-def _encode_fitting(engine, prompt_set, max_new_tokens: int,
+def encode_fitting(engine, prompt_set, max_new_tokens: int,
                     chat_template: bool = True) -> tuple[list[dict], list[list[int]], list[str]]:
     """Token ids of the prompts that fit the engine's max_seq_len with the generation.
 
     Conversational prompts (`Prompt.chat`, Spec-Bench turns) go through the
     tokenizer's chat template as one user turn when it has one and
     `chat_template` is on; everything else is encoded as plain text."""
-    from specc.chat import chat_prompt_ids, has_chat_template
+    from specc.data.chat import chat_prompt_ids, has_chat_template
 
     conversational = [p for p in prompt_set.prompts if p.chat]
     use_template = chat_template and bool(conversational) and has_chat_template(engine.tokenizer)
@@ -117,7 +117,7 @@ def _encode_fitting(engine, prompt_set, max_new_tokens: int,
     return prompts, ids, notes
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """Loading bars for every model load would bury the benchmark's own progress bar."""
     from transformers.utils import logging as hf_logging
 

@@ -26,7 +26,7 @@ costs one plain forward.
 from __future__ import annotations
 
 from specc.bench.statistics import ctar
-from specc.methods.s3d.speedup import s3d_improvement_factor, s3d_tau  # noqa: F401  (re-exported)
+from specc.runtime.speedup_model import s3d_improvement_factor, s3d_tau  # noqa: F401  (re-exported)
 from specc.runtime.stats import GenerationStats
 
 
@@ -56,7 +56,7 @@ def draft_depth(manifest: dict) -> int | None:
     (`MethodDescriptor.draft_depth`) for its config. For a drafter that may stop
     early, γ is the bound and an early stop counts as a rejection in the α_k
     measured from CTAR, so τ still matches the rounds."""
-    from specc.methods.descriptor import get_method
+    from specc.contract.descriptor import get_method
 
     method = get_method(manifest["method"])
     if method.draft_depth is None:

@@ -61,7 +61,7 @@ def _sampling(args):
 def run(args) -> int:
     from specc.engine.loaded import load_engine
     from specc.runtime.generate import check_lengths
-    from specc.textgen import generate_text
+    from specc.runtime.textgen import generate_text
 
     sampling = _sampling(args)
     prompts = read_prompts(args.prompt, args.prompt_file)
@@ -69,7 +69,7 @@ def run(args) -> int:
     encoded = []
     for text in prompts:    # every prompt is checked before the first one runs
         if args.chat:
-            from specc.chat import chat_prompt_ids
+            from specc.data.chat import chat_prompt_ids
 
             ids = chat_prompt_ids(engine.tokenizer, text)
         else:
@@ -125,9 +125,9 @@ def _print_stats(s) -> None:
 def chat(args, stdin=None) -> int:
     """The REPL: each line is a user turn; the whole conversation is re-encoded through the chat
     template every turn. Oldest turns are dropped when the conversation outgrows the engine."""
-    from specc.chat import conversation_ids, has_chat_template
+    from specc.data.chat import conversation_ids, has_chat_template
     from specc.engine.loaded import load_engine
-    from specc.textgen import generate_text
+    from specc.runtime.textgen import generate_text
 
     stdin = stdin or sys.stdin
     sampling = _sampling(args)

@@ -265,7 +265,7 @@ def _add_distill_draft(verbs):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specc import interrupts
+    from specc.console import interrupts
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -293,7 +293,7 @@ def _dispatch(args) -> int:
     if args.verb == "methods":
         print(_methods_text(), end="")
         return 0
-    from specc.threads import apply_threads
+    from specc.host.threads import apply_threads
 
     apply_threads(args.threads)
     if args.verb in ("compile", "run", "chat", "serve", "bench", "distill-data", "distill-draft"):
@@ -309,7 +309,7 @@ def _dispatch(args) -> int:
 
         return serve(args)
     if args.verb == "inspect":
-        from specc.inspect_engine import inspect_engine
+        from specc.engine.inspect_engine import inspect_engine
 
         print(inspect_engine(args.engine, args.graph, args.after), end="")
         return 0
@@ -338,7 +338,7 @@ def _quiet_libraries(verbose: bool) -> None:
 
 def _compile(args) -> int:
     from specc.compiler import CompileRequest, compile_engine
-    from specc.device import resolve_device
+    from specc.host.device import resolve_device
 
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
@@ -381,7 +381,7 @@ def _distill_draft(args) -> int:
 
 
 def _methods_text() -> str:
-    from specc.methods.descriptor import all_methods
+    from specc.contract.descriptor import all_methods
 
     lines = []
     for method in all_methods():

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specc.errors import SpeccError, UsageError
-from specc.shared_data import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
+from specc.data.shared import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from itertools import chain, zip_longest
 from pathlib import Path
 
 from specc.errors import UsageError
-from specc.shared_data import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
+from specc.data.shared import SHARED_DATA_ENV, shared_data_dir  # noqa: F401  (re-exported)
 
 DEFAULT_GENERATED_PROMPTS = 16
 CODE_PROMPT_CHARS = 512
@@ -120,7 +120,7 @@ def _shared_set(name: str) -> PromptSet:
         raise UsageError(f"prompt set {name!r} needs {path}, which does not exist; put the file there, "
                          f"point ${SHARED_DATA_ENV} at the folder holding {folder}/{file_name}, "
                          f"or use --prompts code")
-    records = _read_jsonl(path)
+    records = read_jsonl(path)
     if name == "gsm8k":
         prompts = [Prompt(_field(r, ("question",), path, i), "gsm8k") for i, r in enumerate(records)]
     else:
@@ -130,14 +130,14 @@ def _shared_set(name: str) -> PromptSet:
 
 def _file_set(path: Path) -> PromptSet:
     if path.suffix == ".jsonl":
-        prompts = [_prompt(r, _TEXT_FIELDS, path, i, path.stem) for i, r in enumerate(_read_jsonl(path))]
+        prompts = [_prompt(r, _TEXT_FIELDS, path, i, path.stem) for i, r in enumerate(read_jsonl(path))]
     else:
         blocks = path.read_text(encoding="utf-8").split("\n\n")
         prompts = [Prompt(b.strip("\n"), path.stem) for b in blocks if b.strip()]
     return PromptSet(path.stem, prompts, str(path))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     records = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

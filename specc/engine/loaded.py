@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
-from specc.device import device_kind, does_not_fit, move_graph, resolve_device
+from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
@@ -19,7 +19,7 @@ from specc.graph.signature import GraphSignature, static_sizes
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
-from specc.methods.descriptor import check_backend, get_method
+from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
 from specc.runtime.sampling import SamplingConfig

@@ -17,7 +17,7 @@ from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, checksums
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes, graph_to_json
 from specc.graph.signature import read_signature
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 
 ADDED_WEIGHTS = "weights/added.safetensors"   # relative to the engine directory
 

@@ -17,10 +17,10 @@ def module_path(node: fx.Node) -> str:
     if not stack:
         return ""
     path, _type = list(stack.values())[-1]
-    return _normalize_path(path)
+    return normalize_path(path)
 
 
-def _normalize_path(path: str) -> str:
+def normalize_path(path: str) -> str:
     # Dynamo-style paths look like "L['self'].model.layers[0].self_attn".
     path = re.sub(r"^L\['self'\]\.?", "", path)
     return re.sub(r"\[(\d+)\]", r".\1", path)

@@ -69,7 +69,7 @@ from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.inductor import EXACT_ROUNDING, compile_dynamic
 from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
-from specc.threads import idle_machine_threads, torch_threads
+from specc.host.threads import idle_machine_threads, torch_threads
 
 
 class AOTInductorBackend(Backend):

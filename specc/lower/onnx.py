@@ -49,7 +49,7 @@ from specc.lower.inductor import compile_dynamic
 from specc.lower.onnx_cache_rows import expose_cache_writes
 from specc.lower.onnx_kernels import tree_attention as tree_attention_onnx
 from specc.lower.onnx_session import ROWS_SUFFIX, OnnxSessionGraph, execution_providers, import_onnxruntime
-from specc.threads import torch_threads
+from specc.host.threads import torch_threads
 
 log = logging.getLogger("specc")
 

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import _normalize_path, layer_index, module_path, placeholder
+from specc.graph.nodes import normalize_path, layer_index, module_path, placeholder
 from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, declare_cache_input, final_norm_path,
                                   layer_output, remove_unreachable, renamed)
 from specc.graph.tidy import tidy
@@ -119,7 +119,7 @@ def relabel(graph: fx.Graph, renames: dict[str, str]) -> None:
     so nothing mistakes its nodes for decoder layer l (e.g. segment_by_layer)."""
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
-        paths = [(key, renamed(_normalize_path(path), renames), kind) for key, (path, kind) in stack.items()]
+        paths = [(key, renamed(normalize_path(path), renames), kind) for key, (path, kind) in stack.items()]
         if not any(new for _, new, _ in paths):
             continue
         node.meta["nn_module_stack"] = {key: (new, kind) for key, new, kind in paths if new is not None}

@@ -80,7 +80,7 @@ def build_from_spec(
 
     ``cache_dir`` holds the ``<name>-<key>`` checkpoint directories directly.
     ``device`` defaults to CUDA when available, else CPU. ``threads``: torch's
-    CPU threads (default: specc's thread policy, `specc.threads`). On CPU the
+    CPU threads (default: specc's thread policy, `specc.host.threads`). On CPU the
     thread count changes the summation order of the matmuls and so the trained
     weights, so it is part of the cache key.
     """
@@ -126,7 +126,7 @@ def _training_threads(device: str | None, threads: int | None) -> int | None:
     """Apply the thread policy; the count when training runs on the CPU (it shapes the weights), else None."""
     import torch
 
-    from specc.threads import apply_threads
+    from specc.host.threads import apply_threads
 
     count = apply_threads(threads)
     on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")

@@ -210,7 +210,7 @@ def _optimize(
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, plan.weight_decay), lr=plan.learning_rate, betas=(0.9, 0.95)
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(plan))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(plan))
     generator = torch.Generator().manual_seed(plan.seed)
     losses: list[float] = []
     bar = tqdm(range(plan.steps), desc=f"training {spec.name}", unit="step", disable=not progress)
@@ -238,7 +238,7 @@ def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
     return [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
 
 
-def _warmup_cosine(plan: TrainingPlan) -> Callable[[int], float]:
+def warmup_cosine(plan: TrainingPlan) -> Callable[[int], float]:
     def multiplier(step: int) -> float:
         if step < plan.warmup_steps:
             return (step + 1) / plan.warmup_steps

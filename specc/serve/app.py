@@ -158,7 +158,7 @@ class SpeccServer:
         raise BadRequest("prompt must be a non-empty string or a list of token ids", "prompt")
 
     def chat_prompt(self, body: dict) -> list[int]:
-        from specc.chat import conversation_ids, has_chat_template
+        from specc.data.chat import conversation_ids, has_chat_template
 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -184,7 +184,7 @@ class SpeccServer:
 
     def submit(self, prompt_ids: list[int], max_tokens: int, params: Params, on_text=None):
         from specc.runtime.sampling import SamplingConfig
-        from specc.textgen import generate_text
+        from specc.runtime.textgen import generate_text
 
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
 

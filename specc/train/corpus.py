@@ -76,12 +76,12 @@ def _reply_records(calib_data: str) -> list[dict] | None:
     `prompt_tokens`), or None for any other calibration data."""
     from pathlib import Path
 
-    from specc.data.prompts import _read_jsonl
+    from specc.data.prompts import read_jsonl
 
     path = Path(calib_data)
     if path.suffix != ".jsonl" or not path.is_file():
         return None
-    records = _read_jsonl(path)
+    records = read_jsonl(path)
     if records and all(isinstance(r.get("text"), str) and isinstance(r.get("prompt_tokens"), int)
                        for r in records):
         return records

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from specc.threads import LoadFollower
+from specc.host.threads import LoadFollower
 from specc.train.heap import releasing
 
 
@@ -153,7 +153,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True) for p in parameters]
     optimizer = torch.optim.AdamW(masters, lr=config.learning_rate, betas=config.betas,
                                   weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(config.warmup_steps, config.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(config.warmup_steps, config.steps))
     order = _example_order(len(train_examples), config.steps, config.seed)
     report = DistillReport(steps=config.steps, seconds=0.0)
     report.evaluations.append(evaluate(student, teacher, heldout_examples, 0, heldout_scored))
@@ -166,7 +166,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
             target, student_input = teacher(train_examples[index])
         loss = soft_cross_entropy(student(student_input), target)
         loss.backward()
-        _step(parameters, masters, optimizer, config.grad_clip)
+        distill_step(parameters, masters, optimizer, config.grad_clip)
         schedule.step()
         losses.append(loss.item())
         if step % config.eval_every == 0 or step == config.steps:
@@ -203,7 +203,7 @@ def evaluate(student: Student, teacher: Teacher, examples: list[torch.Tensor], s
     return Evaluation(step, total_loss / positions, agree / positions)
 
 
-def _step(parameters, masters, optimizer, grad_clip: float) -> None:
+def distill_step(parameters, masters, optimizer, grad_clip: float) -> None:
     for p, master in zip(parameters, masters):
         if master is not p:
             master.grad = p.grad.float()
@@ -226,7 +226,7 @@ def _example_order(count: int, steps: int, seed: int) -> list[int]:
     return order[:steps]
 
 
-def _warmup_cosine(warmup: int, steps: int) -> Callable[[int], float]:
+def warmup_cosine(warmup: int, steps: int) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup

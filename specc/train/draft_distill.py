@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specc.device import resolve_device
+from specc.host.device import resolve_device
 from specc.errors import UsageError
 from specc.train.distill import DistillConfig, DistillReport, cache_teacher, distill, sparse_target
 

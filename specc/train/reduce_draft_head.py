@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from specc.methods.descriptor import TrainResult
+from specc.contract.descriptor import TrainResult
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.train.corpus import token_windows
 from specc.train.vocabulary import frequent_tokens

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specc.device import resolve_device
+from specc.host.device import resolve_device
 from specc.errors import UsageError
 
 
@@ -147,7 +147,7 @@ def _selected_prompts(request: DistillDataRequest):
 
 def _encode(tokenizer, prompts, request: DistillDataRequest):
     """(prompt, ids) for the prompts that fit, encoded as `specc bench` encodes them."""
-    from specc.chat import chat_prompt_ids, has_chat_template
+    from specc.data.chat import chat_prompt_ids, has_chat_template
 
     use_template = request.chat_template and has_chat_template(tokenizer)
     encoded, skipped = [], 0

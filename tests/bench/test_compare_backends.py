@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 from tests.bench.scripts import load_benchmark
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specc.compiler import CompileRequest, compile_engine
-from specc.testing import sample_calibration_text
+from specc.testing.checkpoints import sample_calibration_text
 from tests.bench.scripts import load_benchmark
 
 TRAIN = ["train_steps=6", "train_seq_len=24", "train_windows=4", "eval_sequences=2", "eval_every=6"]

@@ -37,7 +37,7 @@ def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
 
 
 def test_draft_depth_is_what_the_method_declares_for_its_config():
-    from specc.methods.descriptor import get_method
+    from specc.contract.descriptor import get_method
 
     def manifest(method: str, **fields) -> dict:
         config = get_method(method).config_class(**fields)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specc.compiler import CompileRequest, compile_engine
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 from tests.bench.scripts import load_benchmark
 
 

@@ -15,7 +15,7 @@ gguf = pytest.importorskip("gguf")
 from specc.capture import gguf as gguf_input  # noqa: E402
 from specc.capture.gguf import MARKER_FILE, convert_gguf, file_sha256  # noqa: E402
 from specc.capture.load import load_model, load_tokenizer, resolve_checkpoint  # noqa: E402
-from specc.chat import chat_prompt_ids  # noqa: E402
+from specc.data.chat import chat_prompt_ids  # noqa: E402
 from specc.cli.main import main as cli_main  # noqa: E402
 from specc.errors import UsageError  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Chat formatting: `specc.chat`, `specc run --chat`, and how `specc bench`
+"""Chat formatting: `specc.data.chat`, `specc run --chat`, and how `specc bench`
 formats conversational (Spec-Bench `turns`) prompts."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 
 from specc.bench import command as bench_command
 from specc.data import prompts as prompt_sets
-from specc.bench.harness import _encode_fitting
+from specc.bench.harness import encode_fitting
 from specc.data.prompts import Prompt, PromptSet, load_prompt_set
-from specc.chat import chat_prompt_ids, has_chat_template
+from specc.data.chat import chat_prompt_ids, has_chat_template
 from specc.cli.main import build_parser, main
 from specc.errors import UsageError
-from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
+from specc.testing.checkpoints import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
 
 
 
@@ -87,19 +87,19 @@ PROMPTS = PromptSet("mixed", [Prompt("w5 w6", "qa", chat=True), Prompt("w7 w8", 
 
 
 def test_bench_formats_conversational_prompts_with_the_template():
-    prompts, ids, notes = _encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8)
+    prompts, ids, notes = encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8)
     assert ids == [[10, 5, 6, 11, 12], [7, 8]]
     assert [p["chat_template"] for p in prompts] == [True, False]
     assert any("1 conversational prompt(s) formatted with the model's chat template" in n for n in notes)
 
 
 def test_bench_no_chat_template_encodes_plain_text():
-    prompts, ids, notes = _encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8, chat_template=False)
+    prompts, ids, notes = encode_fitting(_fake_engine(tiny_chat_tokenizer()), PROMPTS, 8, chat_template=False)
     assert ids == [[5, 6], [7, 8]] and not any(p["chat_template"] for p in prompts) and notes == []
 
 
 def test_bench_without_a_template_says_so():
-    _, ids, notes = _encode_fitting(_fake_engine(tiny_tokenizer()), PROMPTS, 8)
+    _, ids, notes = encode_fitting(_fake_engine(tiny_tokenizer()), PROMPTS, 8)
     assert ids == [[5, 6], [7, 8]]
     assert any("encoded as plain text: the model's tokenizer has no chat template" in n for n in notes)
 

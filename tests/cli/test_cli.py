@@ -11,7 +11,7 @@ import torch
 
 from specc.cli.main import main
 from specc.errors import UsageError
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -175,20 +175,20 @@ def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, caps
 
 
 def test_inspect_cuts_long_method_state_lists():
-    from specc.inspect_engine import _state_value
+    from specc.engine.inspect_engine import state_value
 
     state = {"draft_vocabulary": list(range(8192)), "threshold": 0.9, "layers": [3, 5]}
-    text = _state_value(state)
+    text = state_value(state)
     assert text.startswith("{'draft_vocabulary': [0, 1, 2,") and "… (8192 items)]" in text
     assert "8191" not in text and len(text) < 200
     assert text.endswith("'threshold': 0.9, 'layers': [3, 5]}")
 
 
 def test_inspect_shows_where_a_long_training_curve_began_and_ended():
-    from specc.inspect_engine import _state_value
+    from specc.engine.inspect_engine import state_value
 
     curve = [{"step": 50 * i, "acceptance": i / 100} for i in range(61)]
-    text = _state_value({"training": {"heldout": curve}})
+    text = state_value({"training": {"heldout": curve}})
     assert text == ("{'training': {'heldout': [{'step': 0, 'acceptance': 0.0}, {'step': 50, 'acceptance': 0.01}, "
                     "… (61 items), {'step': 3000, 'acceptance': 0.6}]}}")
-    assert _state_value([{"a": 1}, {"a": 2}]) == "[{'a': 1}, {'a': 2}]"
+    assert state_value([{"a": 1}, {"a": 2}]) == "[{'a': 1}, {'a': 2}]"

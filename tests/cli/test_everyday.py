@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from specc import threads
+from specc.host import threads
 from specc.cli.main import build_parser, main
-from specc.testing import build_tiny_checkpoint, tiny_chat_tokenizer
+from specc.testing.checkpoints import build_tiny_checkpoint, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -227,13 +227,13 @@ def test_prompts_from_files_stdin_and_several_per_run(workspace, capsys, monkeyp
 
 
 def test_chat_repl_keeps_the_conversation(workspace, monkeypatch, capsys):
-    import specc.chat
+    import specc.data.chat
     from specc.cli import generation
 
     _, _, engine = workspace
     seen = []
-    encode = specc.chat.conversation_ids
-    monkeypatch.setattr(specc.chat, "conversation_ids", lambda tok, messages: seen.append(messages) or encode(tok, messages))
+    encode = specc.data.chat.conversation_ids
+    monkeypatch.setattr(specc.data.chat, "conversation_ids", lambda tok, messages: seen.append(messages) or encode(tok, messages))
     args = build_parser().parse_args(["chat", str(engine), "--max-new-tokens", "4", "--no-stream"])
     assert generation.chat(args, stdin=io.StringIO("w5 w6\n/reset\nw7\nw8\n")) == 0
     out = capsys.readouterr().out

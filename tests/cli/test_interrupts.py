@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 # The child runs `specc compile`, with one function patched to announce "READY" and
 # then sleep, so the test knows the compile is at that point when it sends the signal.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.device import device_kind, move_graph, resolve_device
+from specc.host.device import device_kind, move_graph, resolve_device
 from specc.errors import UsageError
-from specc.testing import captured_tiny
+from specc.testing.checkpoints import captured_tiny
 
 
 def test_auto_is_cuda_when_present_else_the_cpu():

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from specc.engine.save import remove_stale_staging
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 
 @pytest.mark.parametrize("umask,file_mode", [(0o022, 0o644), (0o077, 0o600)])

@@ -11,7 +11,7 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.format import FORMAT_VERSION, MANIFEST
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from specc.lower.eager import EagerBackend
 from specc.lower.inductor import InductorBackend
 from specc.lower.row_padding import PaddedRows
 from specc.runtime.masks import KEY_BLOCK, rows_in_key_block
-from specc.testing import assert_matches_hf_greedy, recording_rounds, varied_prompts
-from specc.threads import torch_threads
+from specc.testing.checkpoints import assert_matches_hf_greedy, recording_rounds, varied_prompts
+from specc.host.threads import torch_threads
 
 MAX_NEW_TOKENS = 24
 

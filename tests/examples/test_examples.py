@@ -14,7 +14,7 @@ import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.testing import assert_matches_hf_greedy, hf_greedy, varied_prompts
+from specc.testing.checkpoints import assert_matches_hf_greedy, hf_greedy, varied_prompts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PROMPT_LOOKUP = EXAMPLES / "prompt_lookup"

@@ -19,7 +19,7 @@ import torch
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.testing import sample_calibration_text, varied_prompts
+from specc.testing.checkpoints import sample_calibration_text, varied_prompts
 
 DEVICE = os.environ.get("SPECC_GPU_TESTS_DEVICE", "cuda")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),

@@ -10,12 +10,12 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError
 from specc.graph.nodes import attention_nodes
-from specc.inspect_engine import inspect_engine
+from specc.engine.inspect_engine import inspect_engine
 from specc.kernels import KERNELS, kernels_in_graph
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.specee.segment_by_layer import SegmentByLayer
 from specc.passes.use_kernels import UseKernels
-from specc.testing import build_tiny_checkpoint, captured_tiny, hf_greedy, non_matching_graph, run_cached_steps
+from specc.testing.checkpoints import build_tiny_checkpoint, captured_tiny, hf_greedy, non_matching_graph, run_cached_steps
 
 IDS = torch.randint(4, 96, (1, 9), generator=torch.Generator().manual_seed(3))
 CHUNKS = [(0, 6), (6, 7), (7, 9)]   # a prefill, one decode step, a two-token chunk

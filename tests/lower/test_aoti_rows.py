@@ -10,7 +10,7 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.lower.aoti import NARROW_MAX_ROWS, RowDispatch
 from specc.lower.row_padding import PaddedRows, RowPadding
-from specc.testing import assert_matches_hf_greedy, varied_prompts
+from specc.testing.checkpoints import assert_matches_hf_greedy, varied_prompts
 
 
 def test_calls_with_many_rows_run_the_wide_package():

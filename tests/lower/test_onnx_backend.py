@@ -18,10 +18,10 @@ import torch.fx as fx
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
-from specc.inspect_engine import inspect_engine
+from specc.engine.inspect_engine import inspect_engine
 from specc.lower.onnx import check_exportable_ops
 from specc.lower.onnx_session import OnnxSessionGraph
-from specc.testing import FAMILIES, assert_matches_hf_greedy, varied_prompts
+from specc.testing.checkpoints import FAMILIES, assert_matches_hf_greedy, varied_prompts
 
 ort = pytest.importorskip("onnxruntime", reason="the onnx backend needs pip install 'specc[onnx]'")
 

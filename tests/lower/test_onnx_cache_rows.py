@@ -13,10 +13,10 @@ from specc.errors import SpeccError
 from specc.graph.nodes import output_node
 from specc.graph.signature import GraphSignature, TensorSpec, read_signature
 from specc.lower.onnx_cache_rows import expose_cache_writes, inline_submodules, write_rows_into_caches
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.manager import run_passes
 from specc.methods.specee.segment_by_layer import SegmentByLayer
-from specc.testing import PASS_TEST_MAX_LEN, captured_tiny
+from specc.testing.checkpoints import PASS_TEST_MAX_LEN, captured_tiny
 
 aten = torch.ops.aten
 LAYERS = 3

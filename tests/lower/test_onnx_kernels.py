@@ -8,7 +8,7 @@ import pytest
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.lower.onnx_session import OnnxSessionGraph
-from specc.testing import assert_matches_hf_greedy, varied_prompts
+from specc.testing.checkpoints import assert_matches_hf_greedy, varied_prompts
 
 onnx = pytest.importorskip("onnx", reason="the onnx backend needs pip install 'specc[onnx]'")
 pytest.importorskip("onnxruntime", reason="the onnx backend needs pip install 'specc[onnx]'")

@@ -56,7 +56,7 @@ def test_refusal_names_the_missing_device(monkeypatch):
                                                    "(the build path has never run: written without either)")
 def test_none_matches_hf_greedy(checkpoints, tmp_path):
     from specc.engine.loaded import load_engine
-    from specc.testing import assert_matches_hf_greedy, varied_prompts
+    from specc.testing.checkpoints import assert_matches_hf_greedy, varied_prompts
 
     target, _ = checkpoints("llama")
     compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "engine",

@@ -1,4 +1,4 @@
-"""The exactness matrix (`specc.exactness_matrix`): lossless engines on quirky tiny checkpoints
+"""The exactness matrix (`specc.testing.exactness_matrix`): lossless engines on quirky tiny checkpoints
 are token-identical to Hugging Face greedy in float32 and to the bfloat16 `none` engine in
 bfloat16, or refused at compile time with a reason.
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from specc.exactness_matrix import BACKENDS, METHODS, Cell, QuirkyCheckpoints, run_cell
-from specc.testing import FAMILIES
+from specc.testing.exactness_matrix import BACKENDS, METHODS, Cell, QuirkyCheckpoints, run_cell
+from specc.testing.checkpoints import FAMILIES
 
 # Each method's second family: together they cover every family's quirks.
 PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3")))
@@ -75,7 +75,7 @@ def test_slow_cell(matrix, cell):
 def test_a_checkpoint_mixing_full_and_sliding_layers_is_refused_at_capture():
     from specc.capture.families import summarize_architecture
     from specc.errors import UsageError
-    from specc.testing import quirky_config
+    from specc.testing.checkpoints import quirky_config
 
     with pytest.raises(UsageError, match="mixes attention kinds across layers"):
         summarize_architecture(quirky_config("qwen2", max_window_layers=1))

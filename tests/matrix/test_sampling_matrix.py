@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from specc import exactness_matrix as matrix
+from specc.testing import exactness_matrix as matrix
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (assert_samples_the_target, build_quirky_checkpoint, build_tiny_checkpoint,
+from specc.testing.checkpoints import (assert_samples_the_target, build_quirky_checkpoint, build_tiny_checkpoint,
                            recording_rounds, sample_calibration_text)
 
 # Left out, as their acceptance does not vary over these 3-token generations (the distribution

@@ -19,7 +19,7 @@ from specc.cli.main import main
 from specc.compiler import CompileRequest, build_program, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.draft_model import DraftModelConfig
 from specc.methods.draft_model.drafter import build_runtime
 from specc.passes.manager import run_passes
@@ -28,7 +28,7 @@ from specc.runtime.context import MethodContext
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (TINY_VOCAB, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (TINY_VOCAB, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
                            recording_drafted_tokens, recording_rounds, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96

@@ -15,17 +15,17 @@ from specc.capture.load import load_model, load_tokenizer
 from specc.compiler import CompileRequest, build_program, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.firp import FIRPConfig
 from specc.methods.firp.config import sized_tree, tree_widths
 from specc.methods.firp.runtime import PSEUDO_LOGITS, PSEUDO_NODES
-from specc.methods.firp.train import PseudoStudent, _Teacher, projection_parameters, train_projections
+from specc.methods.firp.train import PseudoStudent, WindowTeacher, projection_parameters, train_projections
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.cached_model import chunk_layout
 from specc.runtime.drafter import DraftBudget
-from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
                            hf_greedy, recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
@@ -324,7 +324,7 @@ def test_the_student_computes_what_inference_computes(llama_program):
     arch = program.graphs["target"].architecture
     layers = FIRPConfig().pass_config().resolve(arch.num_layers)
     window = torch.tensor(varied_prompts(8, 96, seed=4)[6][:12])
-    stored = _Teacher(target_graph, arch, layers, 8)(window)
+    stored = WindowTeacher(target_graph, arch, layers, 8)(window)
     parameters = projection_parameters(target_graph)
     students = [PseudoStudent(target_graph, t, i, len(layers), parameters[f"firp_proj.{i}.weight"],
                               parameters[f"firp_proj.{i}.bias"]) for i, t in enumerate(layers, start=1)]

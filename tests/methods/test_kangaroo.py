@@ -21,7 +21,7 @@ from specc.compiler import CompileRequest, build_program, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.kangaroo import KangarooConfig
 from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY
 from specc.methods.kangaroo.runtime import build_runtime
@@ -31,7 +31,7 @@ from specc.methods.kangaroo.train import adapter_parameters, train_adapter
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
                            recording_drafted_tokens, recording_rounds, sample_calibration_text, trained_engines,
                            varied_prompts)
 

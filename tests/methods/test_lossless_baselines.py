@@ -4,7 +4,7 @@ token for token, for every supported family, in eager and Inductor."""
 from __future__ import annotations
 
 import pytest
-from specc.testing import FAMILIES, assert_matches_hf_greedy, varied_prompts
+from specc.testing.checkpoints import FAMILIES, assert_matches_hf_greedy, varied_prompts
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 

@@ -15,15 +15,15 @@ from specc.compiler import CompileRequest, build_program, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.s3d import S3DConfig, draft_only_passes
-from specc.methods.s3d.speedup import s3d_tau
+from specc.runtime.speedup_model import s3d_tau
 from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
                            recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96

@@ -14,7 +14,7 @@ from specc.capture.load import load_model, load_tokenizer
 from specc.compiler import CompileRequest, build_program, compile_engine
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.specee import SpecEEConfig
 from specc.methods.specee.config import SCHEDULE_KEY
 from specc.methods.specee.runtime import build_runtime
@@ -22,9 +22,9 @@ from specc.methods.specee.train import train_specee
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
+from specc.testing.checkpoints import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
                            exact_marginals, sample_calibration_text, varied_prompts)
-from specc.threads import torch_threads
+from specc.host.threads import torch_threads
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -243,10 +243,10 @@ def test_lossless_verifies_only_the_rows_after_the_first_exit(programs, one_thre
 
 def test_the_exit_threshold_is_calibrated_on_windows_the_predictors_never_saw():
     from specc.methods.specee.config import SpecEEConfig
-    from specc.methods.specee.train import _predictor_and_threshold_slices
+    from specc.methods.specee.train import predictor_and_threshold_slices
 
     config = SpecEEConfig(predictor_windows=16, threshold_windows=8)
-    assert _predictor_and_threshold_slices(128, config) == (slice(0, 16), slice(16, 24))
-    assert _predictor_and_threshold_slices(20, config) == (slice(0, 16), slice(16, 20))
-    assert _predictor_and_threshold_slices(16, config) == (slice(0, 16), None)     # nothing left: own samples
-    assert _predictor_and_threshold_slices(128, SpecEEConfig(threshold_windows=0))[1] is None
+    assert predictor_and_threshold_slices(128, config) == (slice(0, 16), slice(16, 24))
+    assert predictor_and_threshold_slices(20, config) == (slice(0, 16), slice(16, 20))
+    assert predictor_and_threshold_slices(16, config) == (slice(0, 16), None)     # nothing left: own samples
+    assert predictor_and_threshold_slices(128, SpecEEConfig(threshold_windows=0))[1] is None

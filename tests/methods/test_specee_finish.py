@@ -9,11 +9,11 @@ import torch
 from specc.capture.load import load_model
 from specc.compiler import build_program
 from specc.errors import UsageError
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.specee import SpecEEConfig
 from specc.methods.specee.runtime import EarlyExitTarget, build_runtime
 from specc.runtime.context import MethodContext
-from specc.testing import build_tiny_checkpoint, varied_prompts
+from specc.testing.checkpoints import build_tiny_checkpoint, varied_prompts
 
 MAX_SEQ_LEN = 96
 # Forced exit layers per step on a 6-layer model (predictors after layers 2..4; 5: no exit).

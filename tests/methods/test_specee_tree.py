@@ -9,14 +9,14 @@ import torch
 from specc.capture.load import load_model
 from specc.compiler import build_program
 from specc.errors import UsageError
-from specc.methods.descriptor import get_method
+from specc.contract.descriptor import get_method
 from specc.methods.specee import SpecEEConfig
-from specc.methods.specee.hyper_token import DraftTree, HyperTokenVerifier, TreeDrafter, _accept_paths
+from specc.methods.specee.hyper_token import DraftTree, HyperTokenVerifier, TreeDrafter, accept_paths
 from specc.methods.specee.runtime import build_runtime
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+from specc.testing.checkpoints import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -90,11 +90,11 @@ def test_committed_rows_hold_kv_at_every_layer_when_paths_leave_early(deep, one_
 
 
 def test_the_tree_warm_up_leaves_no_state_behind(checkpoints, one_thread):
-    from specc.methods.specee.runtime import _warm_up_tree
+    from specc.methods.specee.runtime import warm_up_tree
 
     checkpoint = checkpoints("llama")[0]
     target, drafter = runtime(tree_program(checkpoint), **NEVER_EXIT)
-    _warm_up_tree(target, drafter)
+    warm_up_tree(target, drafter)
     assert target.method_report()["tree_rounds"] == 0 and drafter.feature is None
     assert_matches_hf_greedy(
         lambda ids: generate(target, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN),
@@ -145,12 +145,12 @@ def test_each_path_is_accepted_against_its_own_exit_logits():
 
     # Path (0, 1, 3) read at its exit: after 7 comes 4, after 4 comes 9 (6 rejected, bonus 9).
     # Path (0, 2) read at its own (different) exit: after 7 comes 5, then the bonus 8: as long.
-    acceptance, best = _accept_paths(tree, tokens, {0: rows(5, 8), 1: rows(4, 9, 0)})
+    acceptance, best = accept_paths(tree, tokens, {0: rows(5, 8), 1: rows(4, 9, 0)})
     assert (acceptance.path, acceptance.next_token, best) == ([0, 2], 8, 0)
-    acceptance, best = _accept_paths(tree, tokens, {0: rows(5, 8), 1: rows(4, 6, 2)})
+    acceptance, best = accept_paths(tree, tokens, {0: rows(5, 8), 1: rows(4, 6, 2)})
     assert (acceptance.path, acceptance.next_token, best) == ([0, 1, 3], 2, 1)
     # The root's row differs per path: each path is judged by its own.
-    acceptance, best = _accept_paths(tree, tokens, {0: rows(1, 8), 1: rows(4, 9, 0)})
+    acceptance, best = accept_paths(tree, tokens, {0: rows(1, 8), 1: rows(4, 9, 0)})
     assert (acceptance.path, acceptance.next_token, best) == ([0, 1], 9, 1)
 
 

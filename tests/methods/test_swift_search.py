@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.methods.swift.search import LayerSetSearch, SearchSettings, describe_skip_set, odd_layers
-from specc.testing import build_tiny_checkpoint, varied_prompts
+from specc.testing.checkpoints import build_tiny_checkpoint, varied_prompts
 
 SUBLAYERS = tuple(f"{kind}_{i}" for i in range(1, 7) for kind in ("attn", "mlp"))
 

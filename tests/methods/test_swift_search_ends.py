@@ -8,7 +8,7 @@ import time
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.methods.swift.search import LayerSetSearch, SearchSettings
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 FOUR = ("attn_1", "mlp_1", "attn_2", "mlp_2")
 

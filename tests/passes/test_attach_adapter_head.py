@@ -10,7 +10,7 @@ import torch
 from specc.capture.export import capture
 from specc.capture.load import load_model
 from specc.graph.nodes import layer_index
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHead
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
 from specc.passes.manager import run_passes

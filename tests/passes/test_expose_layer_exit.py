@@ -12,7 +12,7 @@ from specc.capture.export import capture
 from specc.capture.load import load_model
 from specc.errors import UsageError
 from specc.graph.nodes import layer_index
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig, default_exit_layer
 from specc.passes.manager import run_passes
 from specc.runtime.masks import causal_chunk_mask

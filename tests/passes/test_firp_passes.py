@@ -17,13 +17,13 @@ import torch.fx as fx
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index, placeholder
 from specc.graph.signature import read_signature
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.expose_position_ids import ExposePositionIds
 from specc.passes.insert_attention_mask import InsertAttentionMask
 from specc.methods.firp.insert_pseudo_hidden_projections import (
     InsertPseudoHiddenProjections, PseudoHiddenConfig, default_pseudo_layers)
 from specc.passes.manager import run_passes
-from specc.testing import FAMILIES, PASS_TEST_MAX_LEN, captured_tiny, non_matching_graph
+from specc.testing.checkpoints import FAMILIES, PASS_TEST_MAX_LEN, captured_tiny, non_matching_graph
 
 _captures: dict[tuple, tuple] = {}
 

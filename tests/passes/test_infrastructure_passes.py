@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.testing import captured_tiny, non_matching_graph, run_cached_steps
+from specc.testing.checkpoints import captured_tiny, non_matching_graph, run_cached_steps
 from specc.errors import SpeccError
 from specc.graph.nodes import attention_nodes, placeholder
 from specc.passes.expose_position_ids import ExposePositionIds

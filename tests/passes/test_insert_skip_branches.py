@@ -11,10 +11,10 @@ import torch
 
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes, graph_from_json, graph_to_json
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.swift.insert_skip_branches import InsertSkipBranches, SkipBranchesConfig, skip_branches
 from specc.methods.specee.segment_by_layer import SegmentByLayer
-from specc.testing import FAMILIES, captured_tiny, non_matching_graph, run_cached_steps
+from specc.testing.checkpoints import FAMILIES, captured_tiny, non_matching_graph, run_cached_steps
 
 aten = torch.ops.aten
 LAYERS = 4

@@ -10,10 +10,10 @@ import torch
 
 from specc.errors import SpeccError
 from specc.graph.signature import read_signature
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.testing import captured_tiny, non_matching_graph, run_cached_steps
+from specc.testing.checkpoints import captured_tiny, non_matching_graph, run_cached_steps
 
 IDS = (7, 0, 31, 2, 50, 11)
 

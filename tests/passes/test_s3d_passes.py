@@ -15,14 +15,14 @@ import torch.fx as fx
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index, placeholder
 from specc.graph.signature import read_signature
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.s3d.attach_draft_lora import AttachDraftLora, DraftLoraConfig
 from specc.passes.expose_position_ids import ExposePositionIds
 from specc.passes.insert_attention_mask import InsertAttentionMask
 from specc.methods.s3d.insert_mask_tokens import InsertMaskTokens
 from specc.passes.manager import run_passes
 from specc.methods.s3d.skip_middle_layers import SkipMiddleLayers, SkipMiddleLayersConfig, middle_block
-from specc.testing import FAMILIES, PASS_TEST_MAX_LEN, captured_tiny, non_matching_graph
+from specc.testing.checkpoints import FAMILIES, PASS_TEST_MAX_LEN, captured_tiny, non_matching_graph
 
 NO_SKIP = SkipMiddleLayersConfig(ratio=0.0)
 _captures: dict[tuple, tuple] = {}

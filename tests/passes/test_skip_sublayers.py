@@ -12,7 +12,7 @@ from specc.errors import UsageError
 from specc.methods.swift.segments import SkippingForward
 from specc.methods.swift.insert_skip_branches import InsertSkipBranches
 from specc.methods.swift.skip_sublayers import SkipSublayers, SkipSublayersConfig, residual_closes
-from specc.testing import FAMILIES, empty_caches, non_matching_graph, run_cached_steps
+from specc.testing.checkpoints import FAMILIES, empty_caches, non_matching_graph, run_cached_steps
 
 from tests.passes.test_insert_skip_branches import CHUNKS, IDS, cached_graph
 

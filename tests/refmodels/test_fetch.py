@@ -113,7 +113,7 @@ def test_fetch_smollm2_generates_like_transformers_reading_the_gguf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specc.capture.load import load_model, load_tokenizer
-    from specc.chat import chat_prompt_ids
+    from specc.data.chat import chat_prompt_ids
 
     try:
         gguf_path = fetch_gguf(NAME)

@@ -20,7 +20,7 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.testing import build_tiny_checkpoint
+from specc.testing.checkpoints import build_tiny_checkpoint
 
 VOCAB = 8
 PROMPT = [5, 6, 7]

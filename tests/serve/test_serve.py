@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from specc.cli.main import main  # noqa: E402
-from specc.testing import build_tiny_checkpoint, tiny_chat_tokenizer  # noqa: E402
+from specc.testing.checkpoints import build_tiny_checkpoint, tiny_chat_tokenizer  # noqa: E402
 
 MODEL = "tiny"
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specc.train.distill import DistillConfig, _step, _warmup_cosine, distill, soft_cross_entropy
+from specc.train.distill import DistillConfig, distill_step, warmup_cosine, distill, soft_cross_entropy
 
 VOCAB, WIDTH = 12, 8
 
@@ -78,13 +78,13 @@ def test_gradients_are_clipped_before_the_step():
             seen.append(float(weight.grad.norm()))
             return super().step(closure)
 
-    _step([weight], [weight], Recording([weight], lr=1.0), grad_clip=0.5)
+    distill_step([weight], [weight], Recording([weight], lr=1.0), grad_clip=0.5)
     assert seen == pytest.approx([0.5])
     assert weight.grad is None
 
 
 def test_warmup_then_cosine_schedule():
-    factor = _warmup_cosine(warmup=4, steps=12)
+    factor = warmup_cosine(warmup=4, steps=12)
     assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert math.isclose(factor(8), 0.5) and factor(12) == 0.0 and factor(40) == 0.0
 

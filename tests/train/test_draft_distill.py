@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from specc.cli.main import main
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.testing import (WORD_CHAT_TEMPLATE, assert_matches_hf_greedy, build_tiny_checkpoint,
+from specc.testing.checkpoints import (WORD_CHAT_TEMPLATE, assert_matches_hf_greedy, build_tiny_checkpoint,
                            sample_calibration_text, tiny_chat_tokenizer, varied_prompts)
 from specc.train.draft_distill import RECORD_FILE, DraftDistillRequest, distill_draft
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specc.cli.main import main
-from specc.testing import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
+from specc.testing.checkpoints import build_tiny_checkpoint, hf_greedy, tiny_chat_tokenizer, tiny_tokenizer
 from specc.train.corpus import token_windows
 
 PROMPTS = ["w5 w6", "w7 w8 w9 w13 w14", "w20", "w21 w22 w23", "w30 w31 w32 w33 w34 w35 w36", "w40 w41"]

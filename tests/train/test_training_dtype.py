@@ -15,8 +15,8 @@ from specc.capture.load import load_model
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError
 from specc.methods import descriptor
-from specc.methods.descriptor import get_method
-from specc.testing import sample_calibration_text
+from specc.contract.descriptor import get_method
+from specc.testing.checkpoints import sample_calibration_text
 
 TRAIN = ["train_steps=4", "train_seq_len=32", "eval_sequences=2", "eval_every=4", "draft_vocab_size=40"]
 

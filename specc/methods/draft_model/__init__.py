@@ -11,10 +11,10 @@ calibration text (`reduce_draft_vocabulary` on the `draft` graph).
 
 from __future__ import annotations
 
-from specc.methods.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
 from specc.methods.draft_model.config import DraftModelConfig
 from specc.methods.draft_model.drafter import DraftModelDrafter, build_runtime
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 
@@ -29,7 +29,7 @@ def _train(program, config: DraftModelConfig, tokenizer) -> TrainResult:
 
 def _validate(config: DraftModelConfig, model_config) -> None:
     """Before any weights load: the calibration text must exist if it will be read."""
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
 
     if config.draft_vocab_size > 0:
         check_data_file(config.calib_data)

@@ -25,10 +25,10 @@ acceptance.
 
 from __future__ import annotations
 
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
 from specc.methods.firp.config import FIRPConfig
 from specc.methods.firp.runtime import PseudoRowTarget, PseudoStateDrafter, build_runtime
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.firp.insert_pseudo_hidden_projections import InsertPseudoHiddenProjections
 
 __all__ = ["METHOD", "FIRPConfig", "PseudoRowTarget", "PseudoStateDrafter"]
@@ -50,7 +50,7 @@ def _train(program, config: FIRPConfig, tokenizer) -> TrainResult:
 
 def _validate(config: FIRPConfig, model_config) -> None:
     """Before any weights load: the projection layers must fit the model, the training text must exist."""
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
     from specc.methods.firp.insert_pseudo_hidden_projections import check_pseudo_layers
 
     layers = getattr(model_config, "num_hidden_layers", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.errors import UsageError
-from specc.methods.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option
 from specc.methods.firp.insert_pseudo_hidden_projections import PseudoHiddenConfig
 
 TREE_NAMES = ("chain", "cpu", "16", "32", "63")

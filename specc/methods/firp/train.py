@@ -33,12 +33,12 @@ from tqdm import tqdm
 
 from specc.graph.patterns import layer_output
 from specc.graph.signature import read_signature
-from specc.methods.descriptor import TrainResult
+from specc.contract.descriptor import TrainResult
 from specc.graph.nodes import output_node
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.passes.manager import run_passes
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, distill, sparse_target
@@ -79,7 +79,7 @@ def train_projections(program: SpeculativeProgram, config, tokenizer) -> TrainRe
             p.requires_grad_(False)   # the target is frozen
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
-    teacher = _Teacher(target, arch, layers, config.teacher_top_k)
+    teacher = WindowTeacher(target, arch, layers, config.teacher_top_k)
     train = [teacher(w) for w in releasing(tqdm(windows.train, desc="firp: running the target once per window",
                                                 unit="window", dynamic_ncols=True))]
     heldout = [teacher(w) for w in releasing(windows.heldout)]
@@ -143,7 +143,7 @@ def graph_inputs(gm: fx.GraphModule, values: dict[str, object], caches: list[tor
             for spec in read_signature(gm).inputs]
 
 
-class _Teacher:
+class WindowTeacher:
     """window → `Window`: the frozen target's outputs on it, with room for the pseudo K/V."""
 
     def __init__(self, target: fx.GraphModule, arch, layers: tuple[int, ...], top_k: int):

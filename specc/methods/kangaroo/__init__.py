@@ -20,8 +20,8 @@ and an optional tree (the adapter's top-k at low-confidence depths).
 
 from __future__ import annotations
 
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.kangaroo.config import KangarooConfig
 from specc.methods.kangaroo.runtime import build_runtime
 from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHead
@@ -70,7 +70,7 @@ def _validate(config: KangarooConfig, model_config) -> None:
     """Before any weights load: the exit layer must leave at least one deep layer, and
     the training text must exist."""
     from specc.errors import UsageError
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and config.exit_layer >= layers:

@@ -20,12 +20,12 @@ import torch
 from tqdm import tqdm
 
 from specc.graph.nodes import layer_index
-from specc.methods.descriptor import TrainResult
+from specc.contract.descriptor import TrainResult
 from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY
 from specc.passes.attach_adapter_head import AdapterHeadConfig
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index

@@ -38,8 +38,8 @@ acceptance, so both are lossless.
 
 from __future__ import annotations
 
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.s3d.config import S3DConfig
 from specc.methods.s3d.drafter import MaskTokenDrafter
 from specc.methods.s3d.attach_draft_lora import AttachDraftLora
@@ -82,7 +82,7 @@ def _validate(config: S3DConfig, model_config) -> None:
     """Before any weights load: the skipped block must keep the first and last layer,
     and the training text must exist."""
     from specc.errors import UsageError
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and config.skip_layers and config.skip_layers[1] > layers - 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.errors import UsageError
-from specc.methods.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleLayersConfig
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
-from specc.methods.s3d.speedup import s3d_tau
-from specc.methods.infrastructure import infrastructure_passes
+from specc.runtime.speedup_model import s3d_tau
+from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.manager import PassRecord, run_passes
 from specc.methods.s3d.skip_middle_layers import middle_block, resolve_block
-from specc.program import SpeculativeProgram, graph_copy
+from specc.contract.program import SpeculativeProgram, graph_copy
 from specc.runtime.masks import causal_chunk_mask
 from specc.train.inputs import empty_caches
 

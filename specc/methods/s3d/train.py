@@ -29,15 +29,15 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from specc.methods.descriptor import COMPILE_TIME_PREDICTION
+from specc.contract.descriptor import COMPILE_TIME_PREDICTION
 from specc.graph.nodes import placeholder
 from specc.graph.signature import read_signature
-from specc.methods.descriptor import TrainResult
+from specc.contract.descriptor import TrainResult
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.insert_mask_tokens import MaskTokensConfig
 from specc.methods.s3d.skip_middle_layers import decoder_layers
 from specc.methods.s3d.select import select_by_eq12
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, cache_teacher, distill, sparse_target

@@ -25,8 +25,8 @@ trained/measured inside `specc compile`.
 from __future__ import annotations
 
 from specc.lower.backend import RUN_TIME_SEGMENTS
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SpecEEConfig
 from specc.methods.specee.runtime import build_runtime
 from specc.methods.specee.attach_draft_head import AttachDraftHead
@@ -70,7 +70,7 @@ def _train(program, config: SpecEEConfig, tokenizer) -> TrainResult:
 
 def _validate(config: SpecEEConfig, model_config) -> None:
     from specc.errors import UsageError
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and layers < 3:

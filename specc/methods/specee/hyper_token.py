@@ -230,7 +230,7 @@ class HyperTokenVerifier:
                 rows, inputs = still, inputs_of(still)
                 env = layerwise.begin(inputs)
         early.exit_layers.append(max(exit_layer.values()))
-        acceptance, best = _accept_paths(tree, tokens, path_logits)
+        acceptance, best = accept_paths(tree, tokens, path_logits)
         early.schedule.record(exit_layer[best])
         self.path_exit_layers.append(exit_layer[best])
         self._round = _Round(tokens, candidates, last_layer, last_hidden)
@@ -272,7 +272,7 @@ class HyperTokenVerifier:
         return Verification(logits, {FEATURE: features, EXIT_LAYER: layers}, slots, acceptance)
 
 
-def _accept_paths(tree: DraftTree, tokens: torch.Tensor, path_logits: dict[int, torch.Tensor]
+def accept_paths(tree: DraftTree, tokens: torch.Tensor, path_logits: dict[int, torch.Tensor]
                   ) -> tuple[Acceptance, int]:
     """Greedy acceptance on each path against its own exit logits; the longest (first on ties)."""
     ids = tokens.tolist()

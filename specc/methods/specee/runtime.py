@@ -53,7 +53,7 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
                              "needs an engine compiled with --set mode=tree")
         verifier, drafter = HyperTokenVerifier(full, early), TreeDrafter(early, config.tree_depth, config.tree_width)
         if ctx.compiles_lazily:
-            _warm_up_tree(verifier, drafter)
+            warm_up_tree(verifier, drafter)
         return MethodRuntime(verifier, drafter)
     return MethodRuntime(PartialVerifier(full), EarlyExitDrafter(early, config.max_draft_steps))
 
@@ -221,7 +221,7 @@ def _warm_up(early: EarlyExit, full: CachedModel) -> None:
     early.take_report()   # the warm-up step is not part of any generation
 
 
-def _warm_up_tree(verifier: HyperTokenVerifier, drafter: TreeDrafter) -> None:
+def warm_up_tree(verifier: HyperTokenVerifier, drafter: TreeDrafter) -> None:
     """Compile the segments for tree rows too (a one-token warm-up compiles them for q = 1 only):
     one throw-away round of the configured tree shape, at a cache length equal to no static size."""
     early, full = verifier.early, verifier.full

@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from specc.methods.descriptor import TrainResult
+from specc.contract.descriptor import TrainResult
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.methods.specee.attach_draft_head import DraftHeadConfig
@@ -31,7 +31,7 @@ from specc.methods.specee.insert_exit_predictors import (MODULE, apply_predictor
                                                          predictor_parameters)
 from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.program import SpeculativeProgram
+from specc.contract.program import SpeculativeProgram
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
@@ -78,7 +78,7 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
         return _collect(layerwise, head, teacher, chosen, arch, dtype, config.candidates, vocab_ids,
                         f"specee: scoring every layer ({what})", scored)
 
-    first, calibration = _predictor_and_threshold_slices(len(windows.train), config)
+    first, calibration = predictor_and_threshold_slices(len(windows.train), config)
     train_samples = collect(windows.train[first], _sliced(windows.train_scored, first), "train")
     threshold_samples = (collect(windows.train[calibration], _sliced(windows.train_scored, calibration),
                                  "threshold") if calibration else train_samples)
@@ -99,7 +99,7 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
     return TrainResult(weights, state)
 
 
-def _predictor_and_threshold_slices(train_count: int, config: SpecEEConfig) -> tuple[slice, slice | None]:
+def predictor_and_threshold_slices(train_count: int, config: SpecEEConfig) -> tuple[slice, slice | None]:
     """The predictors' training windows, then the threshold's (None if no window is left for it:
     the threshold is then fitted on the predictors' own samples)."""
     first = slice(0, config.predictor_windows)

@@ -39,8 +39,8 @@ fly. Here:
 from __future__ import annotations
 
 from specc.lower.backend import RUN_TIME_SEGMENTS
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.swift.config import SKIP_SET_KEY, SwiftConfig
 from specc.methods.swift.drafter import CompiledSkipSet, SwiftDrafter, build_drafter
 from specc.methods.swift.search import describe_skip_set, odd_layers
@@ -138,7 +138,7 @@ METHOD = MethodDescriptor(
 
 def _validate(config: SwiftConfig, model_config) -> None:
     """Before any work: the calibration prompts must exist when calibration runs."""
-    from specc.methods.validation import check_data_file
+    from specc.contract.validation import check_data_file
 
     if config.calib_prompts or (config.draft_graph and config.draft_vocab_size):
         check_data_file(config.calib_data)

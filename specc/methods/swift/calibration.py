@@ -30,7 +30,7 @@ from specc.graph.serialize import graph_attributes
 from specc.graph.signature import read_signature
 from specc.methods.swift.search import LayerSetSearch, describe_skip_set
 from specc.methods.swift.segments import SkippingForward
-from specc.program import ProgramGraph
+from specc.contract.program import ProgramGraph
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig

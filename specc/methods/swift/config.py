@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.errors import UsageError
-from specc.methods.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option
 from specc.methods.swift.search import SearchSettings
 
 SKIP_SET_KEY = "swift_skip_set"

@@ -1,5 +1,5 @@
 """The exactness matrix: every lossless method × family × backend, on tiny checkpoints
-that carry each family's real quirks (`specc.testing.QUIRKS`).
+that carry each family's real quirks (`specc.testing.checkpoints.QUIRKS`).
 
 A cell compiles one engine and decodes a fixed set of prompts greedily. In float32 it
 must be token-identical to Hugging Face `generate(do_sample=False)`; in bfloat16, to
@@ -86,7 +86,7 @@ class QuirkyCheckpoints:
 
     def __call__(self, family: str) -> tuple[Path, Path, Path]:
         if family not in self._built:
-            from specc.testing import (build_quirky_checkpoint, build_tiny_checkpoint, sample_calibration_text,
+            from specc.testing.checkpoints import (build_quirky_checkpoint, build_tiny_checkpoint, sample_calibration_text,
                                        set_eos_to_a_generated_token, varied_prompts)
 
             home = self.root / family
@@ -99,7 +99,7 @@ class QuirkyCheckpoints:
 
 
 def prompts() -> list[list[int]]:
-    from specc.testing import varied_prompts
+    from specc.testing.checkpoints import varied_prompts
 
     return varied_prompts(NUM_PROMPTS, 96, seed=PROMPT_SEED)
 
@@ -131,7 +131,7 @@ def reference(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: 
     key = (cell.family, cell.backend, cell.dtype) if cell.dtype != "float32" else (cell.family,)
     if key not in cache:
         if cell.dtype == "float32":
-            from specc.testing import hf_greedy
+            from specc.testing.checkpoints import hf_greedy
 
             cache[key] = hf_greedy(checkpoints(cell.family)[0], prompts(), MAX_NEW_TOKENS)
         else:

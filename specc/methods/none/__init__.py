@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.methods.config import MethodConfig
-from specc.methods.descriptor import TARGET, GraphRecipe, MethodDescriptor
-from specc.methods.infrastructure import infrastructure_passes
+from specc.contract.config import MethodConfig
+from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor
+from specc.contract.infrastructure import infrastructure_passes
 from specc.runtime.drafter import MethodRuntime
 
 

@@ -1,8 +1,9 @@
-"""S3D eq. 11-12: the tokens a round yields and the improvement factor, from per-depth acceptance.
+"""S3D eq. 11-12: the tokens a speculative round yields and the improvement factor, from
+per-depth acceptance (any method's rounds, not only S3D's).
 
 τ(γ) = Σ_{n=1}^{γ+1} n · Π_{k<n} α_k · z_n, z_n = 1 − α_n for n ≤ γ and 1 for
 n = γ + 1; IF = τ / (δ + β + 1), with β the draft cost and δ the other overhead
-per round, in target forwards. S3D's compile-time selection (`select.py`) ranks
+per round, in target forwards. S3D's compile-time selection (`methods/s3d/select.py`) ranks
 candidates by them; `specc bench` predicts every method's speedup with them.
 """
 

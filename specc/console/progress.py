@@ -16,7 +16,7 @@ class StageReporter:
     def stage(self, description: str, own_line: bool = False):
         """`own_line`: the stage shows its own progress (a bar, summary lines), so its
         line is ended first and its time is reported on a line of its own."""
-        from specc import interrupts
+        from specc.console import interrupts
 
         interrupts.check()
         if self.enabled:

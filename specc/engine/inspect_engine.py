@@ -41,7 +41,7 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         for record in (r for r in manifest["passes"] if r["graph"] == name):
             lines += _describe_pass(record)
     for key, value in manifest.get("method_state", {}).items():
-        lines.append(f"\n{key}: {value if isinstance(value, str) else _state_value(value)}")
+        lines.append(f"\n{key}: {value if isinstance(value, str) else state_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -97,19 +97,19 @@ def _describe_pass(record: dict) -> list[str]:
     return lines
 
 
-def _state_value(value, limit: int = 16, records: int = 2) -> str:
+def state_value(value, limit: int = 16, records: int = 2) -> str:
     """A method-state value as its repr, long lists (a reduced vocabulary holds thousands
     of token ids) cut to their first `limit` items and their length. A list of records
     (a training curve of dicts) keeps its first `records` and its last, where it ended."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{key!r}: {_state_value(item, limit)}" for key, item in value.items()) + "}"
+        return "{" + ", ".join(f"{key!r}: {state_value(item, limit)}" for key, item in value.items()) + "}"
     if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
         if len(value) <= records + 2:
-            return "[" + ", ".join(_state_value(item, limit) for item in value) + "]"
-        head = [_state_value(item, limit) for item in value[:records]]
-        return "[" + ", ".join([*head, f"… ({len(value)} items)", _state_value(value[-1], limit)]) + "]"
+            return "[" + ", ".join(state_value(item, limit) for item in value) + "]"
+        head = [state_value(item, limit) for item in value[:records]]
+        return "[" + ", ".join([*head, f"… ({len(value)} items)", state_value(value[-1], limit)]) + "]"
     if isinstance(value, list):
-        items = [_state_value(item, limit) for item in value[:limit]]
+        items = [state_value(item, limit) for item in value[:limit]]
         if len(value) > limit:
             items.append(f"… ({len(value)} items)")
         return "[" + ", ".join(items) + "]"

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from specc.errors import UsageError
-from specc.methods.config import MethodConfig
+from specc.contract.config import MethodConfig
 
 if TYPE_CHECKING:
     from specc.passes.base import GraphPass
-    from specc.program import SpeculativeProgram
+    from specc.contract.program import SpeculativeProgram
     from specc.runtime.context import MethodContext
     from specc.runtime.drafter import MethodRuntime
 
 ENTRY_POINT_GROUP = "specc.methods"
-_BUILTIN = ("specc.methods.autoregressive", "specc.methods.draft_model", "specc.methods.swift",
+_BUILTIN = ("specc.methods.none", "specc.methods.draft_model", "specc.methods.swift",
             "specc.methods.kangaroo", "specc.methods.specee", "specc.methods.s3d",
             "specc.methods.firp")
 TARGET = "target"   # the source name of the checkpoint being compiled
