@@ -56,7 +56,7 @@ def prompt_lookup_method():
     separately, in tests/examples)."""
     import sys
 
-    from specc.methods import descriptor
+    from specc.contract import descriptor
 
     path = str(Path(__file__).resolve().parents[1] / "examples" / "prompt_lookup")
     sys.path.insert(0, path)

@@ -255,8 +255,8 @@ def _add_distill_draft(verbs):
                    help="target probabilities kept per position (the soft label's top-k)")
     p.add_argument("--learning-rate", type=float, default=1e-3, metavar="LR",
                    help="peak AdamW learning rate (warm-up over 5%% of the steps, then cosine decay): above "
-                        "fine-tuning rates, since the kept layers must take over the dropped layers' work (on "
-                        "SmolLM2, 300 steps at 3e-4 / 1e-3 / 3e-3 reached 0.24 / 0.26 / 0.27 held-out agreement)")
+                        "fine-tuning rates, since the kept layers must take over the dropped layers' work (rates "
+                        "compared: docs/cli.md, specc distill-draft)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed for the window order (same seed, same weights)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")

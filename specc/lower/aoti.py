@@ -5,35 +5,32 @@ example inputs built from its declared signature, and packaged; loading
 needs no recompilation. Segments a method calls at run time (e.g. skippable
 sublayers) cannot be packaged separately: they go through Inductor.
 
+Measurements behind each choice below:
+docs/backends.md#measurements-behind-the-lowering-choices.
+
 Packages are built with Inductor's freezing: the weights become constants
 and, in float32, every linear layer runs oneDNN on a prepacked weight
-(residual adds fused in). On SmolLM2-135M (one thread, AVX2) that made a
-one-token step 0.77x and a four-token step 0.66x the time of the default
-package, with logits within 2e-4 and the same argmax. In bfloat16 oneDNN
-packs nothing on a CPU without AVX-512 BF16 or AMX, and the step time is
-unchanged. The package holds one more copy of a tied LM head.
+(residual adds fused in): float32 steps run faster than with the default
+package, with the same argmax. In bfloat16 oneDNN packs nothing on a CPU
+without AVX-512 BF16 or AMX, and freezing leaves the step time as it was.
+The package holds one more copy of a tied LM head.
 
 On the CPU each linear is also autotuned (`max_autotune`) between oneDNN and
-Inductor's C++ GEMM template, at the example shape (a few query rows). On
-SmolLM2 the template won every one (the LM head 3.7 ms against oneDNN's
-9.4 ms, cache-hot), and a one-token step with 300 cached tokens took
-22-26 ms against 34 ms with oneDNN alone; packaging took 162 s in all.
+Inductor's C++ GEMM template, at the example shape (a few query rows): the
+template won the decode-sized linears and made a step faster than oneDNN
+alone, at the price of a longer packaging.
 
-A kernel tuned at a few rows is slow for many: with the example at 3 query
-rows, a 9-row forward of SmolLM2 took 3.0x a one-row step (ONNX Runtime:
-1.6x), so verifying a 9-node tree cost three plain steps. Each graph is
+A kernel tuned at a few rows is slow for many: tuned at 3 query rows only, a
+forward of a verification tree's rows cost several plain steps. Each graph is
 therefore packaged twice: tuned at `NARROW_ROWS` query rows (decode steps and
 short chains) and at `WIDE_ROWS` (trees, prompt chunks), and a call with more
-than `NARROW_MAX_ROWS` rows runs the wide package. Measured on SmolLM2 (one
-thread, 300 cached tokens; `benchmarks/verify_cost.py`): rows 1, 4, 6, 9, 12
-took 22.9, 29.3, 49.5, 69.3, 87.2 ms tuned narrow and 36.4, 33.7, 37.0, 49.4,
-55.5 ms tuned wide. The price: twice the packaging time, and the weights are
+than `NARROW_MAX_ROWS` rows runs the wide package (`benchmarks/verify_cost.py`
+compares them). The price: twice the packaging time, and the weights are
 frozen into both packages (twice the memory and disk). In bfloat16 the narrow
 package was first tuned at 2 rows with one-row calls run as two identical
-rows: one row took 24.1 ms tuned at 3, 18.5 ms tuned at 2, and two rows
-13.6 ms (float32: 21.5 ms). It is now tuned at `NARROW_ROWS_BF16` = 4 and
-every call of fewer rows runs padded to 4 (`PaddedRows`), which makes
-verifying up to 4 rows exact (`exact_rows`).
+rows, because the packaged kernels ran one row slower than two. It is now
+tuned at `NARROW_ROWS_BF16` = 4 and every call of fewer rows runs padded to 4
+(`PaddedRows`), which makes verifying up to 4 rows exact (`exact_rows`).
 
 Inductor bakes the thread count into each GEMM kernel it generates (the
 torch threads at packaging time; a kernel built for one thread never runs
@@ -41,21 +38,18 @@ in parallel). Packages are therefore built for `idle_machine_threads()`, the
 physical cores `specc run` uses on an idle machine, whatever threads the
 compile itself runs with (`--threads 1` to keep the machine usable while
 training, say). A GEMM built for two threads still runs correctly on one.
-Measured on SmolLM2 in bfloat16 (2 cores, 300 cached tokens, run with 2
-threads): packaged for one thread, rows 1/3/4 took 13.3/14.8/16.6 ms; packaged
-for two, 12.4/12.7/12.7 ms, so verifying four rows costs 1.02x a decode step
-instead of 1.25x.
+Packaged for one thread and run on two, a verification of four rows cost
+noticeably more than a decode step; packaged for two, about the same.
 
 A decode step runs some 300 small kernels (norms, rotary embeddings, cache
 writes, gates) besides the GEMMs, and Inductor splits any of them with more
 than `min_chunk_size` (512) elements per thread over the OpenMP threads: a
-fork and a join barrier for a few microseconds of work. libgomp took 15% of
-a bfloat16 decode step's samples (`perf`, 2 threads), while the GEMMs
+fork and a join barrier for a few microseconds of work. libgomp took a
+sizeable share of a bfloat16 decode step's `perf` samples, while the GEMMs
 themselves read their weights at about the machine's sum bandwidth. Packages
 for the CPU therefore keep kernels of fewer than `MIN_CHUNK_PER_THREAD`
-elements per thread on one thread: on SmolLM2 in bfloat16 (2 threads, 300
-cached tokens, interleaved) a decode step took 11.8 ms against 12.5 ms, and
-131072 gave the same as 16384.
+elements per thread on one thread, which made a bfloat16 decode step faster;
+a larger threshold gained nothing more.
 """
 
 from __future__ import annotations
@@ -103,13 +97,12 @@ class AOTInductorBackend(Backend):
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """In bfloat16 every call of up to `NARROW_ROWS_BF16` rows runs padded to exactly that
         many (`PaddedRows`), so a verification of that many rows runs the very kernels of a
-        decode step, row for row. Unpadded, the row count changed the rounding: on SmolLM2
-        (real text, prefixes 100-250) a 4-row call's first row differed from a decode
-        step's at 107 of 150 prefixes, by up to 0.6 in the logits, enough to flip bfloat16
-        near-ties; padded to 4 rows, every row matched except where the call's rows
-        straddled a key block (`specc.runtime.masks.rows_in_key_block`, which the loop
-        respects). In float32 the differences stay below what flips greedy choices in
-        every test here."""
+        decode step, row for row. Unpadded, the row count changed the rounding, enough
+        to flip bfloat16 near-ties between a call's first row and a decode step; padded
+        to 4 rows, every row matched except where the call's rows straddled a key block
+        (`specc.runtime.masks.rows_in_key_block`, which the loop respects). In float32
+        the differences stay below what flips greedy choices in every test here.
+        Measurements: docs/backends.md#measurements-behind-the-lowering-choices."""
         return exact_rows_for(dtype)
 
     def lower_segment(self, segment):
@@ -172,7 +165,7 @@ def _package(target: LoweringTarget, path: Path, rows: int) -> str:
 def packaging_config(target: LoweringTarget) -> dict:
     """Inductor settings for a package: freezing always; on the CPU also GEMM autotuning
     between Inductor's own C++ micro-kernel template and ATen (oneDNN), which the C++
-    template wins for every decode-sized linear of SmolLM2, and small kernels kept on one
+    template won for the decode-sized linears measured, and small kernels kept on one
     thread (see the module docstring); rounding as eager rounds, as under `inductor`."""
     config = {"freezing": True, **EXACT_ROUNDING}
     if target.device.type == "cpu":

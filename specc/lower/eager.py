@@ -19,7 +19,8 @@ class EagerBackend(Backend):
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """bfloat16 calls of fewer rows run padded (`specc.lower.row_padding`): unpadded,
-        a 2-row call's first row differed from a one-row step at 71 of 150 SmolLM2 prefixes."""
+        a 2-row call's first row differed from a one-row step, enough to flip near-ties
+        (docs/backends.md#measurements-behind-the-lowering-choices)."""
         return exact_rows_for(dtype)
 
 

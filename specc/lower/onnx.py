@@ -57,9 +57,9 @@ log = logging.getLogger("specc")
 # as its `custom_translation_table`; packages providing custom kernels register theirs here.
 ONNX_TRANSLATIONS: dict = {KERNELS["tree_attention"].op: tree_attention_onnx}
 _EXPORTABLE_NAMESPACES = ("aten", "prims")
-# Opset 23 has Attention (SDPA, GQA included, in one node) and RMSNormalization: on SmolLM2 a
-# decode step runs 850 nodes instead of 2400, and onnxruntime's per-node cost is what kept
-# `none` from the bandwidth bound.
+# Opset 23 has Attention (SDPA, GQA included, in one node) and RMSNormalization: a decode step
+# runs far fewer nodes than at opset 18, and onnxruntime's per-node cost is what
+# kept `none` from the bandwidth bound (docs/backends.md#onnx).
 ONNX_OPSET = 23
 _EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
@@ -99,9 +99,9 @@ class OnnxBackend(Backend):
     def generation_scope(self, run_time_segments: bool):
         """Torch on one thread while the engine generates, unless it runs torch segments:
         between session calls torch does only small ops (argmax, indexing), and its OpenMP
-        threads fought onnxruntime's pool for the cores (a shallow-exit self-speculative engine
-        on SmolLM2, 2 cores: 1.25 s per 48 tokens with torch on 2 threads, 0.93 s on 1; plain
-        decoding unchanged)."""
+        threads fought onnxruntime's pool for the cores and slowed a shallow-exit
+        self-speculative engine, while plain decoding was unchanged (measured:
+        benchmarks/NOTES.md#onnx-runtime-on-2-threads-and-kangaroos-current-defaults)."""
         return contextlib.nullcontext() if run_time_segments else torch_threads(1)
 
 

@@ -1,15 +1,15 @@
 """Calls run at one fixed row count in reduced precision, so verification is exact.
 
 In bfloat16 the CPU kernels round a row differently depending on how many rows
-its call has. Measured on SmolLM2 (real text, prefixes 100-250): a 4-row call's
-first row differed from a one-row decode step at 107 of 150 prefixes under AOTI
-and a 2-row call's at 71 of 150 under eager, by up to 0.7 in the logits, which
-flips bfloat16's frequent near-ties. Padded to one fixed count, a row computes
-the same values whatever the other rows hold: every row of 2- and 4-row calls
-matched the decode steps under eager and Inductor, and under AOTI everywhere but
-where a call straddled a key block (`specc.runtime.masks.rows_in_key_block`).
-So in bfloat16 every graph call of fewer than `EXACT_ROWS` rows runs padded to
-`EXACT_ROWS` and `Backend.exact_rows` caps lossless drafts at that many rows.
+its call has: unpadded, a call's first row differed from a one-row decode step
+often enough, and by enough, to flip bfloat16's frequent near-ties. Padded to
+one fixed count, a row computes the same values whatever the other rows hold:
+every row of padded calls matched the decode steps under eager and Inductor, and
+under AOTI everywhere but where a call straddled a key block
+(`specc.runtime.masks.rows_in_key_block`). Measurements:
+docs/backends.md#measurements-behind-the-lowering-choices. So in bfloat16 every
+graph call of fewer than `EXACT_ROWS` rows runs padded to `EXACT_ROWS` and
+`Backend.exact_rows` caps lossless drafts at that many rows.
 """
 
 from __future__ import annotations

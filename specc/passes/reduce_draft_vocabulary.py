@@ -1,12 +1,13 @@
 """Give a draft graph an LM head over a subset of the vocabulary.
 
-The LM head of a small model is a large share of its weights (SmolLM2-135M:
-49152 x 576, 21%), and a draft head pays for it every draft step. A draft
-only has to propose likely tokens, so its head can keep the rows of a
-frequency-ranked subset: the graph's logits become `[1, q, N]` over
-`token_ids` (in that order), and the runtime maps a drafted index i back to
-`token_ids[i]`. Verification keeps the full head, so greedy and sampled
-decoding stay exact; a token outside the subset simply cannot be drafted.
+The LM head of a small model is a large share of its weights (SmolLM2-135M's:
+benchmarks/NOTES.md#smollm2-135m-instruct), and a draft head pays for it
+every draft step. A draft only has to propose likely tokens, so its head can
+keep the rows of a frequency-ranked subset: the graph's logits become
+`[1, q, N]` over `token_ids` (in that order), and the runtime maps a drafted
+index i back to `token_ids[i]`. Verification keeps the full head, so greedy
+and sampled decoding stay exact; a token outside the subset simply cannot be
+drafted.
 
 The new head is a frozen copy of the selected rows, a parameter of its own
 (`<module_name>.weight`), so the shared target head is untouched.

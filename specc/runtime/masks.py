@@ -32,8 +32,9 @@ def pad_keys(mask: torch.Tensor, max_keys: int) -> torch.Tensor:
     the reductions over that axis (softmax, probabilities times values) group
     their terms by its length. A one-row step after p tokens and a verification
     of q rows after the same p tokens then summed a row's terms in different
-    orders: in bfloat16 that moved logits by up to 0.4 (SmolLM2, AOTI), enough to
-    flip the frequent near-ties, so lossless engines differed from `none`. Padded,
+    orders: in bfloat16 that moved logits enough to flip the frequent near-ties,
+    so lossless engines differed from `none` (measured:
+    docs/backends.md#measurements-behind-the-lowering-choices). Padded,
     both see the same length unless a block boundary lies between p + 1 and
     p + q, and the extra columns are exact zeros after the softmax."""
     keys = mask.shape[-1]

@@ -17,8 +17,9 @@ a truncated and self-distilled draft:
 
 Only the decoder layers and the final norm train. The embedding and the LM
 head stay frozen: they are the target's own rows, the interface both models
-share, and the kept layers were trained against them; at 49k × 576 they are
-also most of a small draft's parameters, and moving them on a few hundred
+share, and the kept layers were trained against them; at vocabulary × hidden
+they are also most of a small draft's parameters (SmolLM2-135M's shape:
+benchmarks/NOTES.md#smollm2-135m-instruct), and moving them on a few hundred
 windows would overfit the tokens those windows happen to contain.
 
 The result is an ordinary Hugging Face checkpoint directory (config,

@@ -2,8 +2,9 @@
 multiplies the model's matrices faster on this machine, measured once per process.
 
 Why measure: eager reduced-precision matrix products are several times slower than
-float32 on CPUs without bfloat16 matrix units (AVX-512 BF16 but no AMX: a SmolLM2
-forward 6.3x slower), and several times faster on CPUs with them (AMX). Training in
+float32 on CPUs without bfloat16 matrix units (AVX-512 BF16 but no AMX), and several
+times faster on CPUs with them (AMX); measurements:
+benchmarks/NOTES.md#training-in-bfloat16-compiles-the-dtype-is-probed-issue-35. Training in
 float32 casts the trained parameters to the engine's dtype when they are installed.
 """
 

@@ -4,9 +4,9 @@ glibc raises its mmap threshold after freeing a large mmapped block, so a
 loop that allocates tens of MB per step (a target forward's logits over a
 window) while keeping a few hundred KB per step (cached teacher outputs)
 serves the large blocks from the heap, and the kept blocks pin the freed
-space between them. On SmolLM2, Kangaroo's teacher cache grew by about
-20 MB of resident memory per 128-token window while holding 0.4 MB of it
-(768 windows: about 15 GB; 3072 exhausted 24 GiB). `malloc_trim` returns
+space between them, so resident memory grows by far more per window than the
+cache holds (measured on Kangaroo's teacher cache:
+benchmarks/NOTES.md#training-caches-and-freed-heap-memory). `malloc_trim` returns
 those freed pages; elsewhere than glibc this does nothing.
 """
 

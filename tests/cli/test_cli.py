@@ -162,7 +162,7 @@ def test_console_script_is_installed():
 def test_unsupported_backend_for_a_method_is_refused_before_work(workspace, capsys, monkeypatch):
     import dataclasses
 
-    from specc.methods import descriptor
+    from specc.contract import descriptor
 
     demanding = dataclasses.replace(descriptor.get_method("none"), name="demanding",
                                     requires=frozenset({"tensor_cores"}))
