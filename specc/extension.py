@@ -3,21 +3,25 @@
     from specc.extension import MethodDescriptor, GraphRecipe, MethodConfig, option, ...
 
 A method is a `MethodDescriptor` registered under the `specc.methods` entry point: its
-config (`MethodConfig` with `option` fields), per-graph recipes (`GraphRecipe`: a source
-checkpoint and passes, starting from `infrastructure_passes()`), and `build_runtime`,
-which turns a `MethodContext` into a `MethodRuntime` (a target and a drafter proposing
-`Draft`s within a `DraftBudget`). A pass is a `GraphPass` returning a `PassResult`, and
-finds what it rewrites through `specc.graph.patterns`. A backend is a `Backend` registered
-under `specc.backends`. `examples/prompt_lookup` is a complete method written against
-this module alone; docs/extending.md explains the contract.
+config (`MethodConfig` with `option` fields and a `VERSION`, inheriting the shared option
+blocks `DistillationOptions`, `OptimizerOptions` and `CalibrationOptions` where it trains
+or calibrates), per-graph recipes (`GraphRecipe`: a source checkpoint and passes, starting
+from `infrastructure_passes()`), and `build_runtime`, which turns a `MethodContext` into a
+`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`). A pass
+is a `GraphPass` returning a `PassResult`, and finds what it rewrites through
+`specc.graph.patterns`. A backend is a `Backend` registered under `specc.backends`.
+`examples/prompt_lookup` is a complete method written against this module alone;
+docs/extending.md explains the contract.
 """
 
 from __future__ import annotations
 
 from specc.errors import SpeccError, UsageError
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
-from specc.contract.config import MethodConfig, option
-from specc.contract.descriptor import TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.config import ConfigVersionError, MethodConfig, OptionBlock, option
+from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
+from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainingContext,
+                                       TrainResult)
 from specc.contract.infrastructure import infrastructure_passes
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.runtime.acceptance import Acceptance
@@ -28,9 +32,10 @@ from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.runtime.verification import Verification
 
 __all__ = [
-    "Acceptance", "Backend", "CachedModel", "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS",
-    "ExtraSource", "GraphPass", "GraphRecipe", "LoweringTarget", "MethodConfig", "MethodContext",
-    "MethodDescriptor", "MethodRuntime", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
+    "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "ConfigVersionError", "DistillationOptions",
+    "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
+    "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "OptimizerOptions",
+    "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target", "TrainingContext",
     "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification", "infrastructure_passes", "new_nodes",
     "option", "tree_tensors",
 ]

@@ -3,31 +3,136 @@
 A config is a frozen dataclass; each field's metadata carries its help
 text. Unknown keys and values of the wrong type are rejected with a
 message that names the field, the bad value and what is allowed.
+
+Fields several methods share (the distillation loop's settings, the
+calibration text) come from option blocks (`specc/contract/options.py`):
+frozen dataclass mixins, subclasses of `OptionBlock`, that a config
+inherits. A config redeclares a block field to give it its own default or
+help; `option(default)` without help keeps the block's help text. Listings
+(`describe_fields`, `to_json`) put the config's own fields first, then each
+block's fields in the block's order.
+
+A config class carries a `VERSION` (a class attribute, 1 unless the class
+says otherwise) that `to_json` writes under the key `version`, so an
+engine's manifest records which version of its method's config it was
+compiled with. Bump it when an existing field's meaning changes (its unit,
+its range, what a value does) or a field is renamed or removed; adding a
+field whose default keeps the old behaviour needs no bump. `from_json`
+reads a mapping without `version` as version 1 (manifests written before
+configs were versioned); a different version is read through the class's
+`upgrade` hook, and refused with a `ConfigVersionError` when it returns None
+(the default).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field, fields
-from typing import Any, get_type_hints
+import copy
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, get_type_hints
 
 from specc.errors import UsageError
 
+VERSION_KEY = "version"      # the key `to_json` writes the config's VERSION under; no field may take it
+UNVERSIONED = 1              # the version of a config mapping that records none (written before versions)
 
-def option(default, help: str, **kwargs):
-    """A config field with its help text (shown by `specc methods`)."""
-    return field(default=default, metadata={"help": help, **kwargs})
+
+def option(default, help: str | None = None, **kwargs):
+    """A config field with its help text (shown by `specc methods`). Without `help`, a field
+    that redeclares an option block's field (to change its default) keeps the block's help."""
+    metadata = {"help": help, **kwargs} if help is not None else dict(kwargs)
+    return field(default=default, metadata=metadata)
+
+
+class ConfigVersionError(UsageError):
+    """A config mapping written by a version of its config class this specc cannot read."""
+
+    def __init__(self, config_class: type, found: int, expected: int, recorded: bool = True):
+        self.config_class, self.found, self.expected, self.recorded = config_class, found, expected, recorded
+        age = "newer" if found > expected else "older"
+        written = f"version {found}" if recorded else f"no version (read as version {found})"
+        super().__init__(f"{config_class.__name__} settings record {written}, {age} than the version this "
+                         f"specc reads ({expected})")
+
+    def __reduce__(self):
+        return type(self), (self.config_class, self.found, self.expected, self.recorded)
+
+
+@dataclass(frozen=True)
+class OptionBlock:
+    """Base of the option blocks: frozen dataclass mixins holding fields several methods share.
+
+    A block may check its fields in `__post_init__`; it calls `super().__post_init__()` last, so
+    every block a config inherits checks its own. A config that defines `__post_init__` calls
+    `super().__post_init__()` too (after its own checks, which therefore win for a field both check).
+    """
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
 
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Base class: subclasses add fields with `option(...)`."""
+    """Base class: subclasses add fields with `option(...)` and inherit option blocks."""
+
+    VERSION: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if VERSION_KEY in vars(cls).get("__annotations__", {}):
+            raise TypeError(f"{cls.__name__} declares a field {VERSION_KEY!r}; that key holds the config's "
+                            f"VERSION in JSON: name the field otherwise (and set VERSION = N for the version)")
+        if not isinstance(cls.VERSION, int) or isinstance(cls.VERSION, bool) or cls.VERSION < 1:
+            raise TypeError(f"{cls.__name__}.VERSION must be a positive integer, got {cls.VERSION!r}")
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """`{"version": VERSION, field: value, ...}`, fields in `describe_fields` order."""
+        data = {f.name: copy.deepcopy(getattr(self, f.name)) for f in self.ordered_fields()}
+        return {VERSION_KEY: self.VERSION, **data}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "MethodConfig":
+        """The config `to_json` wrote: fields by name, missing ones at their defaults. A mapping
+        without `version` is version 1; another version than `VERSION` goes through `upgrade`."""
+        data = dict(data)
+        recorded = VERSION_KEY in data
+        version = data.pop(VERSION_KEY) if recorded else UNVERSIONED
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UsageError(f"config {VERSION_KEY} must be an integer, got {version!r}")
+        if version != cls.VERSION:
+            upgraded = cls.upgrade(data, version) if version < cls.VERSION else None
+            if upgraded is None:
+                raise ConfigVersionError(cls, version, cls.VERSION, recorded)
+            data = upgraded
+        return cls._from_fields(data)
+
+    @classmethod
+    def upgrade(cls, data: dict[str, Any], version: int) -> dict[str, Any] | None:
+        """Fields written by an older `version` of this config, rewritten as this VERSION's
+        fields; None when they cannot be carried over (the engine has to be recompiled).
+        The default carries nothing over: override it when bumping VERSION if old engines
+        should keep loading."""
+        return None
+
+    @classmethod
+    def from_assignments(cls, assignments: list[str]) -> "MethodConfig":
+        """Parse `key=value` strings from the command line."""
+        data = {}
+        for item in assignments:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise UsageError(f"malformed config setting {item!r}; write it as key=value")
+            data[key.strip().replace("-", "_")] = value.strip()
+        return cls._from_fields(data)
+
+    @classmethod
+    def _from_fields(cls, data: dict[str, Any]) -> "MethodConfig":
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -39,23 +144,36 @@ class MethodConfig:
         return cls(**{k: _coerce(cls, k, v, hints[k]) for k, v in data.items()})
 
     @classmethod
-    def from_assignments(cls, assignments: list[str]) -> "MethodConfig":
-        """Parse `key=value` strings from the command line."""
-        data = {}
-        for item in assignments:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise UsageError(f"malformed config setting {item!r}; write it as key=value")
-            data[key.strip().replace("-", "_")] = value.strip()
-        return cls.from_json(data)
+    def ordered_fields(cls) -> list[Field]:
+        """The dataclass fields, the config's own first, then each option block's (in the order
+        the blocks come in the class's bases, each block's fields in its own order); a field
+        the config redeclares stays in its block's place."""
+        blocks = [klass for klass in cls.__mro__
+                  if isinstance(klass, type) and issubclass(klass, OptionBlock) and klass is not OptionBlock
+                  and not issubclass(klass, MethodConfig) and is_dataclass(klass)]
+        block_names: list[str] = []
+        for block in blocks:
+            block_names += [f.name for f in fields(block) if f.name not in block_names]
+        by_name = {f.name: f for f in fields(cls)}
+        own = [f for f in by_name.values() if f.name not in block_names]
+        return own + [by_name[name] for name in block_names if name in by_name]
+
+    @classmethod
+    def field_help(cls, name: str) -> str:
+        """The help of field `name`: its own, else the nearest base's (the option block's)."""
+        for klass in cls.__mro__:
+            declared = vars(klass).get("__dataclass_fields__", {}).get(name)
+            if declared is not None and declared.metadata.get("help"):
+                return declared.metadata["help"]
+        return ""
 
     @classmethod
     def describe_fields(cls) -> list[dict]:
         hints = get_type_hints(cls)
         return [
-            {"name": f.name, "type": _type_name(hints[f.name]), "default": f.default,
-             "help": f.metadata.get("help", "")}
-            for f in fields(cls)
+            {"name": f.name, "type": _type_name(hints[f.name]),
+             "default": f.default if f.default is not MISSING else None, "help": cls.field_help(f.name)}
+            for f in cls.ordered_fields()
         ]
 
 

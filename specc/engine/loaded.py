@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
 from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
+from specc.engine.method_config import read_method_config
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
@@ -36,7 +37,7 @@ class LoadedEngine:
         self.dtype = getattr(torch, manifest["dtype"])
         self.method = get_method(manifest["method"])
         check_backend(self.method, backend)
-        self.config = self.method.config_class.from_json(manifest["method_config"])
+        self.config = read_method_config(self.method, manifest, path)
         start = time.perf_counter()
         try:
             targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)

@@ -84,6 +84,43 @@ def test_newer_format_is_refused(engine_dir, tmp_path):
         load_engine(engine)
 
 
+def _with_method_config(engine_dir, tmp_path, method_config):
+    engine = copy_engine(engine_dir, tmp_path)
+    manifest = json.loads((engine / MANIFEST).read_text())
+    manifest["method_config"] = method_config
+    (engine / MANIFEST).write_text(json.dumps(manifest))
+    return engine, manifest
+
+
+def test_manifest_records_the_method_config_version(engine_dir):
+    manifest = json.loads((engine_dir / MANIFEST).read_text())
+    assert manifest["method_config"] == {"version": 1}
+
+
+def test_engine_whose_config_records_no_version_still_loads(engine_dir, tmp_path):
+    engine, _ = _with_method_config(engine_dir, tmp_path, {})    # as specc wrote it before configs had versions
+    assert load_engine(engine).config.to_json() == {"version": 1}
+
+
+def test_engine_with_an_unreadable_config_version_is_refused_with_the_recompile_command(engine_dir, tmp_path):
+    engine, manifest = _with_method_config(engine_dir, tmp_path, {"version": 2})
+    with pytest.raises(UsageError) as caught:
+        load_engine(engine)
+    message = str(caught.value)
+    assert f"engine {engine} was compiled with none config version 2 (this specc reads version 1)" in message
+    assert (f"recompile it with `specc compile {manifest['source_checkpoint']} --method none --backend eager "
+            f"--dtype float32 --max-seq-len 64 -o {engine} --force`") in message
+    assert f"or load it with the specc that wrote it ({manifest['versions']['specc']})" in message
+
+
+def test_engine_whose_versionless_config_no_longer_parses_is_refused(engine_dir, tmp_path):
+    engine, _ = _with_method_config(engine_dir, tmp_path, {"dropped_field": 3})
+    with pytest.raises(UsageError, match=r"its none settings \(recorded without a version\) do not fit this "
+                                         r"specc's none config \(unknown config field\(s\) dropped_field.*\): "
+                                         r"recompile it with `specc compile "):
+        load_engine(engine)
+
+
 def test_graph_naming_a_foreign_callable_is_refused(engine_dir, tmp_path):
     from specc.graph.serialize import graph_from_json
 

@@ -33,6 +33,7 @@ class PromptLookupConfig(MethodConfig):
             raise UsageError(f"num_draft_tokens={self.num_draft_tokens} must be between 1 and 64")
         if not 1 <= self.tree_width <= 16:
             raise UsageError(f"tree_width={self.tree_width} must be between 1 and 16")
+        super().__post_init__()   # cooperative: option blocks, if any, check their own fields
 
 
 def _build_runtime(context, config: PromptLookupConfig) -> MethodRuntime:

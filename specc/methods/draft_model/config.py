@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions
 
 
 @dataclass(frozen=True)
-class DraftModelConfig(MethodConfig):
+class DraftModelConfig(MethodConfig, CalibrationOptions):
     draft_model: str | None = option(None, "draft checkpoint directory (same tokenizer as the target); "
                                            "required")
     num_draft_tokens: int = option(4, "draft depth per round (gamma)")
@@ -21,6 +22,7 @@ class DraftModelConfig(MethodConfig):
     draft_vocab_size: int = option(0, "rows of the draft's LM head: the most frequent tokens of the "
                                       "calibration text (verification keeps the full head, so output is "
                                       "unchanged); 0, or at least the vocabulary size, keeps the full head")
+    # CalibrationOptions, with draft-model's help
     calib_data: str | None = option(None, "text whose token frequencies choose the draft_vocab_size rows: "
                                           "a .txt file, .jsonl with string fields, or a prompt set name; "
                                           "default: the built-in corpus (Python stdlib source plus "
@@ -37,6 +39,7 @@ class DraftModelConfig(MethodConfig):
         _check(self.draft_vocab_size == 0 or self.draft_vocab_size >= self.tree_width,
                f"draft_vocab_size={self.draft_vocab_size} is below tree_width={self.tree_width}: the head "
                f"needs a row per sibling; raise draft_vocab_size or lower tree_width")
+        super().__post_init__()
 
 
 def _check(ok: bool, message: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
 from specc.methods.firp.insert_pseudo_hidden_projections import PseudoHiddenConfig
 
 TREE_NAMES = ("chain", "cpu", "16", "32", "63")
@@ -15,7 +16,7 @@ FAN_DECAY = 0.7             # a sized tree's width at depth d+1 is about 0.7 × 
 
 
 @dataclass(frozen=True)
-class FIRPConfig(MethodConfig):
+class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
     steps: int = option(3, "k: tokens drafted from pseudo hidden states per node (the paper's k = 3); "
                            "ignored when layers is given")
     layers: tuple[int, ...] = option((), "t_1,...,t_k: decoder layers below each step's projection, "
@@ -31,6 +32,7 @@ class FIRPConfig(MethodConfig):
                                        "accepted path the next draft uses its parent's pseudo rows, one step "
                                        "shorter) or all (every node: k rows per node, no shorter drafts, "
                                        "but every extra row costs a full forward row on the CPU)")
+    # DistillationOptions and OptimizerOptions, with FIRP's defaults and help
     train_steps: int = option(100, "training steps per projection at compile time (k projections, trained "
                                    "one after another), one window each; 0 keeps the untrained projections "
                                    "(identity, zero bias). A step backpropagates one window through the "
@@ -40,16 +42,9 @@ class FIRPConfig(MethodConfig):
     train_windows: int = option(32, "distinct training windows: the frozen target runs once on each; its K/V, "
                                     "hidden states at every t_i and top-k next-token probabilities are kept "
                                     "in memory, and each trained step's pseudo K/V is added")
-    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
-    learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95)")
-    warmup_steps: int = option(10, "linear learning-rate warm-up steps, then cosine decay to zero")
-    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_steps: int = option(10)
     grad_clip: float = option(1.0, "clip each projection's gradient norm to this")
-    train_seq_len: int = option(128, "tokens per training window")
     eval_sequences: int = option(4, "held-out windows for the per-step agreement estimate")
-    eval_every: int = option(50, "training steps between held-out estimates")
-    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; "
-                                          "default: Python stdlib source plus ../shared/data text if present")
     seed: int = option(0, "seed for data order; training is deterministic for a seed")
 
     def __post_init__(self):
@@ -60,17 +55,9 @@ class FIRPConfig(MethodConfig):
         tree_widths(self.tree, self.num_steps)   # raises on a bad tree
         _check(self.pseudo_rows in PSEUDO_ROWS,
                f"pseudo_rows={self.pseudo_rows!r} must be one of {', '.join(PSEUDO_ROWS)}")
-        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
-        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
-        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
-        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
-        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be 0 or more")
-        _check(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be positive")
         _check(self.train_seq_len >= self.num_steps + 2,
                f"train_seq_len={self.train_seq_len} must be at least steps + 2 = {self.num_steps + 2}")
-        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
-        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+        super().__post_init__()   # the option blocks' checks
 
     @property
     def num_steps(self) -> int:

@@ -6,13 +6,12 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 
-
-
 @dataclass(frozen=True)
-class KangarooConfig(MethodConfig):
+class KangarooConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
     exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
                                 "max(1, round(L/16)), the paper's 2 of 32")
     adapter_mlp: bool = option(True, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "
@@ -31,6 +30,10 @@ class KangarooConfig(MethodConfig):
                                 "adapter's top-k there (a top-1 chain with sibling fans)")
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is "
                                         "below this (used only with tree_width > 1)")
+    draft_vocab_size: int = option(8192, "rows of the adapter's LM head: the most frequent tokens of the "
+                                         "calibration text (verification keeps the full head, so output is "
+                                         "unchanged); 0, or at least the vocabulary size, keeps the full head")
+    # DistillationOptions, with Kangaroo's defaults
     train_steps: int = option(3000, "adapter training steps at compile time, one sequence each "
                                     "(0 keeps the initial adapter: copies of layer l's attention and MLP); on "
                                     "SmolLM2-135M, 3000 steps over 768 windows reach 0.36 held-out top-1 "
@@ -38,22 +41,9 @@ class KangarooConfig(MethodConfig):
     train_windows: int = option(768, "distinct training windows (at most train_steps are used): the frozen "
                                      "target runs once on each and its exit states and top-k next-token "
                                      "probabilities are cached; the steps cycle through them")
-    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
-    draft_vocab_size: int = option(8192, "rows of the adapter's LM head: the most frequent tokens of the "
-                                         "calibration text (verification keeps the full head, so output is "
-                                         "unchanged); 0, or at least the vocabulary size, keeps the full head")
     learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
                                         "for far longer runs. On SmolLM2-135M (exit layer 2, 1200 steps) 3e-3 "
                                         "reached 0.29 held-out top-1 agreement, 1e-3 0.26")
-    warmup_steps: int = option(30, "linear learning-rate warm-up steps, then cosine decay to zero")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    grad_clip: float = option(1.0, "clip the adapter's gradient norm to this")
-    train_seq_len: int = option(128, "tokens per training sequence")
-    eval_sequences: int = option(8, "held-out sequences for the acceptance estimate")
-    eval_every: int = option(50, "training steps between held-out acceptance estimates")
-    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; "
-                                          "default: Python stdlib source plus ../shared/data text if present")
-    seed: int = option(0, "seed for data order and initialisation; training is deterministic for a seed")
 
     def __post_init__(self):
         _check(self.exit_layer >= 0, f"exit_layer={self.exit_layer} must be 0 (automatic) or positive")
@@ -62,17 +52,8 @@ class KangarooConfig(MethodConfig):
         _check(0.0 <= self.skip_threshold <= 1.0, f"skip_threshold={self.skip_threshold} must be in [0, 1]")
         _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")
         _check(0.0 <= self.tree_threshold <= 1.0, f"tree_threshold={self.tree_threshold} must be in [0, 1]")
-        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
-        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
-        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be 0 or more")
-        _check(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be positive")
-        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
-        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
         _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
-        _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
-        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
-        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+        super().__post_init__()   # the option blocks' checks
 
 
 def _check(ok: bool, message: str) -> None:

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleLayersConfig
 
 
 @dataclass(frozen=True)
-class S3DConfig(MethodConfig):
+class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
     draft_tokens: int = option(4, "gamma: tokens drafted per round by one draft forward over the last token "
                                   "and gamma-1 mask tokens")
     skip_ratio: float = option(DEFAULT_SKIP_RATIO, "share of the layers the draft skips, as one centred block of "
@@ -38,6 +39,7 @@ class S3DConfig(MethodConfig):
                                 "top-k there (a top-1 chain with sibling fans)")
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is below this "
                                         "(used only with tree_width > 1)")
+    # DistillationOptions, with S3D's defaults and help
     train_steps: int = option(200, "training steps at compile time, one window each (0 keeps the untrained "
                                    "adapters: B = 0, the mask embedding is the mean token embedding); on "
                                    "SmolLM2-135M a step backpropagates through the kept layers (about 1-2.5 s "
@@ -45,16 +47,8 @@ class S3DConfig(MethodConfig):
     train_windows: int = option(64, "distinct training windows: the frozen target runs once on each and its KV "
                                      "(kept layers) and top-k next-token probabilities are kept in memory "
                                      "(SmolLM2-135M, 128 tokens: about 4 MB per window)")
-    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
-    learning_rate: float = option(2e-3, "peak AdamW learning rate (betas 0.9, 0.95)")
-    warmup_steps: int = option(30, "linear learning-rate warm-up steps, then cosine decay to zero")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    grad_clip: float = option(1.0, "clip the adapters' gradient norm to this")
-    train_seq_len: int = option(128, "tokens per training window")
+    learning_rate: float = option(2e-3)
     eval_sequences: int = option(8, "held-out windows for the per-position acceptance estimate")
-    eval_every: int = option(50, "training steps between held-out estimates")
-    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; "
-                                          "default: Python stdlib source plus ../shared/data text if present")
     seed: int = option(0, "seed for adapter initialisation, data order and mask placement; training is "
                           "deterministic for a seed")
 
@@ -73,16 +67,7 @@ class S3DConfig(MethodConfig):
         _check(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha} must be positive")
         _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")
         _check(0.0 <= self.tree_threshold <= 1.0, f"tree_threshold={self.tree_threshold} must be in [0, 1]")
-        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
-        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
-        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
-        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
-        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be 0 or more")
-        _check(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be positive")
-        _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
-        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
-        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+        super().__post_init__()   # the option blocks' checks
 
     def skip_config(self) -> SkipMiddleLayersConfig:
         first, last = self.skip_layers or (None, None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions, DistillationOptions
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
@@ -15,7 +16,7 @@ SCHEDULE_KEY = "schedule"
 
 
 @dataclass(frozen=True)
-class SpecEEConfig(MethodConfig):
+class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
     mode: str = option("lossless", "lossless: early-exit tokens are drafts the full model verifies (output "
                                    "identical to the target); ar: the paper's public path, a token leaves at "
                                    "its exit layer unverified (lossy, faster when exits are early); tree: the "
@@ -54,22 +55,18 @@ class SpecEEConfig(MethodConfig):
     predictor_hidden: int = option(512, "hidden units of each exit predictor (3K -> hidden -> 1)")
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
                                          "calibration text (0 keeps the full head)")
-    train_steps: int = option(600, "draft-head training steps (one sequence each, self-distilled)")
-    train_windows: int = option(128, "distinct training windows; the frozen target runs once on each")
     predictor_windows: int = option(16, "windows whose every layer is scored to train the predictors")
     threshold_windows: int = option(8, "training windows after the predictors' on which the exit threshold "
                                        "is calibrated: text the predictors never saw (0: their own windows)")
     predictor_epochs: int = option(30, "passes over the predictor samples (BCE, Adam)")
-    teacher_top_k: int = option(64, "teacher probabilities kept per position (the soft label's top-k)")
-    learning_rate: float = option(3e-3, "draft-head peak AdamW learning rate")
     predictor_learning_rate: float = option(1e-3, "predictor Adam learning rate (the paper's)")
+    # DistillationOptions (the draft head's training), with SpecEE's defaults and help
+    train_steps: int = option(600, "draft-head training steps (one sequence each, self-distilled)")
+    train_windows: int = option(128)
+    learning_rate: float = option(3e-3, "draft-head peak AdamW learning rate")
     warmup_steps: int = option(30, "draft-head linear warm-up steps, then cosine decay")
-    train_seq_len: int = option(128, "tokens per training sequence")
     eval_sequences: int = option(8, "held-out sequences for draft-head agreement and exit quality")
     eval_every: int = option(100, "draft-head steps between held-out estimates")
-    calib_data: str | None = option(None, "training text: a .txt file, or .jsonl with string fields; default: "
-                                          "Python stdlib source plus ../shared/data text if present")
-    seed: int = option(0, "seed for data order and initialisation; training is deterministic for a seed")
 
     @property
     def resolved_kv_policy(self) -> str:
@@ -94,19 +91,12 @@ class SpecEEConfig(MethodConfig):
         _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
         _check(self.predictor_hidden >= 1, f"predictor_hidden={self.predictor_hidden} must be positive")
         _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
-        _check(self.train_steps >= 0, f"train_steps={self.train_steps} must be 0 or more")
-        _check(self.train_windows >= 1, f"train_windows={self.train_windows} must be at least 1")
         _check(self.threshold_windows >= 0, f"threshold_windows={self.threshold_windows} must be 0 or more")
         _check(self.predictor_windows >= 1, f"predictor_windows={self.predictor_windows} must be at least 1")
         _check(self.predictor_epochs >= 0, f"predictor_epochs={self.predictor_epochs} must be 0 or more")
-        _check(self.teacher_top_k >= 1, f"teacher_top_k={self.teacher_top_k} must be at least 1")
-        _check(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive")
         _check(self.predictor_learning_rate > 0,
                f"predictor_learning_rate={self.predictor_learning_rate} must be positive")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be 0 or more")
-        _check(self.train_seq_len >= 2, f"train_seq_len={self.train_seq_len} must be at least 2")
-        _check(self.eval_sequences >= 1, f"eval_sequences={self.eval_sequences} must be at least 1")
-        _check(self.eval_every >= 1, f"eval_every={self.eval_every} must be at least 1")
+        super().__post_init__()   # the option blocks' checks
 
 
 def _check(ok: bool, message: str) -> None:

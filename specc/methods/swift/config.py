@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions
 from specc.methods.swift.search import SearchSettings
 
 SKIP_SET_KEY = "swift_skip_set"
 
 
 @dataclass(frozen=True)
-class SwiftConfig(MethodConfig):
+class SwiftConfig(MethodConfig, CalibrationOptions):
     skip_ratio: float = option(0.45, "share of the 2(L-2) skippable sublayers a candidate skips (paper: 0.45; "
                                      "0.5 for 34B/70B models)")
     context_window: int = option(32, "gamma: generated tokens the matchness of a candidate is scored on")
@@ -56,9 +57,10 @@ class SwiftConfig(MethodConfig):
                                          "the full head")
     calib_prompts: int = option(8, "compile: optimise the skip set on this many calibration prompts first "
                                    "(0: the engine starts from the odd-layer set)")
+    calib_max_new_tokens: int = option(64, "compile: tokens generated per calibration prompt")
+    # CalibrationOptions, with SWIFT's help
     calib_data: str | None = option(None, "compile: calibration prompts, a JSONL or text file (default: "
                                           "built-in stdlib code prompts)")
-    calib_max_new_tokens: int = option(64, "compile: tokens generated per calibration prompt")
 
     def __post_init__(self):
         _check_range("skip_ratio", self.skip_ratio, 0.0, 1.0)
@@ -76,6 +78,7 @@ class SwiftConfig(MethodConfig):
         if len(self.tree_widths) != len(bands) + 1 or min(self.tree_widths) < 1:
             raise UsageError(f"tree_widths={','.join(map(str, self.tree_widths))} needs {len(bands) + 1} widths "
                              f">= 1, one per band of tree_band_percent")
+        super().__post_init__()
 
     def search_settings(self) -> SearchSettings:
         return SearchSettings(skip_ratio=self.skip_ratio, bayes_interval=self.bayes_interval, kappa=self.bayes_kappa,
