@@ -13,8 +13,8 @@ import torch
 
 
 def check_tree_attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                mask: torch.Tensor) -> None:
-    """Ranks, static sizes and dtypes: what a fake tensor can be checked for."""
+                                mask: torch.Tensor, kv_len: torch.Tensor | None = None) -> None:
+    """Ranks, static sizes, dtypes and devices: what a fake tensor can be checked for."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(f"tree_attention takes [batch, heads, len, head_dim] tensors; got query "
                          f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
@@ -34,6 +34,10 @@ def check_tree_attention_inputs(query: torch.Tensor, key: torch.Tensor, value: t
                          f"got {mask.dtype}")
     if mask.dim() != 4:
         raise ValueError(f"tree_attention: the mask is [batch or 1, heads or 1, q, kv]; got {tuple(mask.shape)}")
+    if kv_len is not None and (kv_len.dim() != 0 or kv_len.dtype not in (torch.int32, torch.int64)
+                               or kv_len.device != key.device):
+        raise ValueError(f"tree_attention: kv_len is a 0-d int32 or int64 tensor on the keys' device "
+                         f"({key.device}); got {kv_len.dtype} {tuple(kv_len.shape)} on {kv_len.device}")
 
 
 def check_mask_broadcasts(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> None:
@@ -48,11 +52,13 @@ def check_mask_broadcasts(query: torch.Tensor, key: torch.Tensor, mask: torch.Te
 
 
 def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                   scale: float | None = None) -> torch.Tensor:
+                   scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
     """`F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
     enable_gqa=True)`, written out: fp32 scores and softmax, and rows that may
-    attend to nothing give zeros (as SDPA does)."""
-    check_tree_attention_inputs(query, key, value, mask)
+    attend to nothing give zeros (as SDPA does). With `kv_len` (a 0-d integer
+    tensor), keys at index `kv_len` and past are masked out as well: only the
+    live part of the cache is read (compared on the device, no host sync)."""
+    check_tree_attention_inputs(query, key, value, mask, kv_len)
     check_mask_broadcasts(query, key, mask)
     group = query.shape[1] // key.shape[1]
     keys = key.float().repeat_interleave(group, dim=1)
@@ -62,6 +68,8 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         scores = scores.masked_fill(~mask, float("-inf"))
     else:
         scores = scores + mask.float()
+    if kv_len is not None:
+        scores = scores.masked_fill(torch.arange(key.shape[2], device=key.device) >= kv_len, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)   # an all -inf row is 0/0
     return (weights @ values).to(query.dtype)
 
@@ -113,3 +121,76 @@ def greedy_accept(logits: torch.Tensor, node_tokens: torch.Tensor,
     padded = torch.full((len(parent_list),), -1, dtype=torch.int64, device=logits.device)
     padded[:len(path)] = torch.tensor(path, dtype=torch.int64)
     return padded, torch.tensor(best[current], dtype=torch.int64, device=logits.device)
+
+
+def check_sample_accept_inputs(target_probs: torch.Tensor, node_tokens: torch.Tensor, parents: torch.Tensor,
+                               uniforms: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    check_greedy_accept_inputs(target_probs, node_tokens, parents)
+    nodes, vocab = target_probs.shape
+    if target_probs.dtype != torch.float32:
+        raise ValueError(f"sample_accept takes float32 target probabilities; got {target_probs.dtype}")
+    if uniforms.shape != (nodes + 1,) or uniforms.dtype != torch.float32:
+        raise ValueError(f"sample_accept: uniforms must be float32 [nodes + 1] = [{nodes + 1}] (one per node's "
+                         f"test, then the final draw); got {uniforms.dtype} {tuple(uniforms.shape)}")
+    if draft_probs is not None and (draft_probs.shape != (max(nodes - 1, 0), vocab)
+                                    or draft_probs.dtype != torch.float32):
+        raise ValueError(f"sample_accept: draft_probs (a sampled chain's q per depth) must be float32 "
+                         f"[nodes - 1, vocab] = [{nodes - 1}, {vocab}]; got {draft_probs.dtype} "
+                         f"{tuple(draft_probs.shape)}")
+
+
+def sample_accept(target_probs: torch.Tensor, node_tokens: torch.Tensor, parents: torch.Tensor,
+                  uniforms: torch.Tensor, draft_probs: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling acceptance driven by given uniforms (`uniforms[c]` decides node c,
+    `uniforms[nodes]` draws the final token), so the kernel can be compared draw for draw.
+
+    With `draft_probs` (a chain sampled from q; row d-1 is q for depth d): node c is accepted
+    when `u_c < min(1, p(x) / q(x))` (p the target's prediction at its parent); on a rejection the
+    token is drawn from `max(p - q, 0)` renormalised (p where that is empty). Without (a tree of
+    deterministic candidates): a node's children are tried in node order, each as a point mass,
+    accepted when `u_c < p'(x)`, p' being p with the already rejected siblings' tokens removed and
+    renormalised; if all are rejected the token is drawn from p'. When the walk reaches a node
+    without children the token is drawn from its p. Draws: the first token whose cumulative
+    weight exceeds `u * total`. Returns the path padded with -1 and the token, like greedy_accept."""
+    check_sample_accept_inputs(target_probs, node_tokens, parents, uniforms, draft_probs)
+    parent_list = parents.tolist()
+    check_tree_order(parent_list)
+    tokens, draws = node_tokens.tolist(), uniforms.tolist()
+    probs = target_probs.detach().cpu().double()
+    drafts = None if draft_probs is None else draft_probs.detach().cpu().double()
+    path, current = [0], 0
+    while True:
+        children = [c for c in range(1, len(parent_list)) if parent_list[c] == current]
+        rejected: list[int] = []
+        accepted = None
+        for child in children:
+            token = tokens[child]
+            if drafts is not None:
+                chance = min(1.0, float(probs[current, token]) / max(float(drafts[current, token]), 1e-20))
+            elif token in rejected:
+                chance = 0.0
+            else:
+                left = 1.0 - sum(float(probs[current, t]) for t in set(rejected))
+                chance = float(probs[current, token]) / left if left > 0 else 0.0
+            if draws[child] < chance:
+                accepted = child
+                break
+            rejected.append(token)
+        if accepted is None:
+            break
+        path.append(accepted)
+        current = accepted
+    weights = probs[current].clone()
+    if children and drafts is not None:
+        weights = (weights - drafts[current]).clamp(min=0.0)
+    elif children:
+        weights[rejected] = 0.0
+    if float(weights.sum()) <= 0.0:
+        weights = probs[current]
+    cumulative = weights.cumsum(0)
+    token = int(torch.searchsorted(cumulative, draws[-1] * float(cumulative[-1]), right=True).clamp(
+        max=len(cumulative) - 1))
+    padded = torch.full((len(parent_list),), -1, dtype=torch.int64, device=target_probs.device)
+    padded[:len(path)] = torch.tensor(path, dtype=torch.int64)
+    return padded, torch.tensor(token, dtype=torch.int64, device=target_probs.device)

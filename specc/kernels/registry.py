@@ -21,10 +21,12 @@ class Kernel:
 
 
 KERNELS = {kernel.name: kernel for kernel in (
-    Kernel("tree_attention", "masked (tree) attention of q rows over the KV cache read view, GQA-aware, "
-                             "online softmax over kv blocks"),
+    Kernel("tree_attention", "masked (tree) attention of q rows over the live part of the KV cache "
+                             "(kv_len), split-KV per GQA group, row-invariant"),
     Kernel("greedy_accept", "per-node argmax and the longest root path whose tokens match it, "
                             "with the bonus token"),
+    Kernel("sample_accept", "speculative-sampling acceptance of a sampled chain (p/q test, residual) or a "
+                            "tree of point-mass candidates, from given uniforms"),
 )}
 
 

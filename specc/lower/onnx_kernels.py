@@ -5,7 +5,8 @@
 repeated per query group (GQA), fp32 scores `q·kᵀ·scale`, positions the
 boolean mask forbids set to -inf (an additive float mask is added
 instead), softmax over kv with rows that may attend to nothing giving
-zeros, times the values, cast back to the query's dtype.
+zeros, times the values, cast back to the query's dtype. With `kv_len` (the
+live length `use_kernels` computes), keys at and past it are set to -inf too.
 
 `specc::greedy_accept` needs none: the runtime calls it outside any graph.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 
 
-def tree_attention(query, key, value, mask, scale: float | None = None):
+def tree_attention(query, key, value, mask, scale: float | None = None, kv_len=None):
     """Traced by the exporter: inputs are onnxscript values of known rank, dtype and static
     head counts and head_dim; q and kv may be symbolic."""
     from onnxscript import ir
@@ -38,6 +39,13 @@ def tree_attention(query, key, value, mask, scale: float | None = None):
         scores = op.Where(mask, scores, op.Constant(value=ir.tensor(float("-inf"), dtype=floats)))
     else:
         scores = op.Add(scores, op.Cast(mask, to=floats))
+    if kv_len is not None:
+        longs = ir.DataType.INT64
+        slots = op.Squeeze(op.Shape(key, start=2, end=3))
+        cols = op.Range(op.Constant(value=ir.tensor(0, dtype=longs)), slots,
+                        op.Constant(value=ir.tensor(1, dtype=longs)))
+        scores = op.Where(op.Less(cols, op.Cast(kv_len, to=longs)), scores,
+                          op.Constant(value=ir.tensor(float("-inf"), dtype=floats)))
     weights = op.Softmax(scores, axis=-1)
     weights = op.Where(op.IsNaN(weights), op.Constant(value=ir.tensor(0.0, dtype=floats)), weights)
     return op.CastLike(op.MatMul(weights, v), query)

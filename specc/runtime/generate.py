@@ -134,7 +134,9 @@ def _speculate(target, drafter, tokens, remaining, sampling, generator, stats, m
     stats.accepted_tokens += len(acceptance.path) - 1
     stats.accepted_per_round.append(len(acceptance.path) - 1)
     drafter.observe(draft, acceptance, verification)
-    accepted = draft.node_tokens[acceptance.path[1:]].tolist()
+    accepted = acceptance.accepted_tokens
+    if accepted is None:
+        accepted = draft.node_tokens[acceptance.path[1:]].tolist()
     return accepted + [acceptance.next_token]
 
 

@@ -41,6 +41,10 @@ def test_every_cached_attention_is_swapped_and_logits_are_unchanged(triton_kerne
     assert result.modified and len(result.replaced) == len(result.inserted) == arch.num_layers
     assert not attention_nodes(gm.graph) and len(kernel_calls(gm)) == arch.num_layers
     assert all(n.kwargs["scale"] == pytest.approx(arch.head_dim ** -0.5) for n in kernel_calls(gm))
+    # the live length: computed once on the device, amax(cache slots) + 1, and given to every layer
+    (live,) = {n.kwargs["kv_len"] for n in kernel_calls(gm)}
+    assert live.target == torch.ops.aten.add.Tensor and live.args[1] == 1
+    assert live.args[0].target == torch.ops.aten.amax.default and live.args[0].args[0].name == "cache_positions"
     torch.testing.assert_close(run_cached_steps(gm, IDS, CHUNKS, arch), expected, rtol=1e-4, atol=1e-5)
     assert kernels_in_graph(gm) == ["tree_attention"]
     assert not UseKernels()(gm).modified
@@ -53,6 +57,9 @@ def test_segments_are_rewritten_inside():
     assert result.modified and len(result.replaced) == arch.num_layers
     layers = [segmented.get_submodule(f"layer_{i}") for i in range(arch.num_layers)]
     assert all(len(kernel_calls(layer)) == 1 and not attention_nodes(layer.graph) for layer in layers)
+    for layer in layers:   # each segment computes the live length from the slots it writes
+        (kernel,) = kernel_calls(layer)
+        assert kernel.kwargs["kv_len"].args[0].target == torch.ops.aten.amax.default
     assert kernels_in_graph(segmented) == ["tree_attention"]
 
 
