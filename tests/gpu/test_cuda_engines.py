@@ -1,7 +1,8 @@
 """Engines on a CUDA device: exactness, CUDA graph replay, training there, and the device errors.
 
-The AOTInductor tests come last: loading an AOTI package for CUDA once crashed the process
-(benchmarks/results/gpu-h100-smollm2-135m-bfloat16-gpu-check-2026-11-26.md).
+The AOTInductor tests come late: loading an AOTI package for CUDA once crashed the process
+(benchmarks/results/gpu-h100-smollm2-135m-bfloat16-gpu-check-2026-11-26.md). Only the `--kernels`
+tests follow them (the kernels have their own benchmark in the GPU check).
 
 Every test here needs a GPU (`-m gpu`); without one they skip. benchmarks/gpu_check.sh runs them.
 `SPECC_GPU_TESTS_DEVICE=cpu` runs the same tests on the CPU (no CUDA graph checks): a rehearsal
@@ -43,23 +44,24 @@ def _hf_greedy_on_cuda(checkpoint: Path, prompts: list[list[int]], dtype=torch.f
 
 @pytest.fixture(scope="module")
 def compiled(checkpoints, tmp_path_factory):
-    """(method, backend, dtype) -> engine directory, compiled once for this module on DEVICE;
-    kangaroo trains briefly on text the target samples."""
+    """(method, backend, dtype, kernels) -> engine directory, compiled once for this module on
+    DEVICE; kangaroo trains briefly on text the target samples."""
     built: dict[tuple, Path] = {}
 
-    def get(method: str, backend: str, dtype: str = "float32") -> Path:
-        if (method, backend, dtype) not in built:
+    def get(method: str, backend: str, dtype: str = "float32", kernels: bool = False) -> Path:
+        key = (method, backend, dtype, kernels)
+        if key not in built:
             target = checkpoints("llama")[0]
-            root = tmp_path_factory.mktemp(f"{method}-{backend}-{dtype}")
+            root = tmp_path_factory.mktemp(f"{method}-{backend}-{dtype}{'-kernels' if kernels else ''}")
             settings = []
             if method == "kangaroo":
                 settings = [*TRAIN, f"calib_data={sample_calibration_text(target, root / 'calib.txt', sequences=32)}"]
             report = compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
                                                    backend=backend, dtype=dtype, max_seq_len=MAX_SEQ_LEN,
-                                                   settings=settings, device=DEVICE))
+                                                   settings=settings, device=DEVICE, kernels=kernels))
             assert report["device"] == DEVICE
-            built[method, backend, dtype] = root / "engine"
-        return built[method, backend, dtype]
+            built[key] = root / "engine"
+        return built[key]
 
     return get
 
@@ -145,3 +147,25 @@ def test_an_aoti_engine_for_cuda_refuses_the_cpu(compiled):
     with pytest.raises(UsageError, match="compiled for cuda"):
         load_engine(path, device="cpu")
     assert load_engine(path).device.type == "cuda"   # auto: where its packages run
+
+
+def test_none_with_specc_kernels_matches_hf_greedy(checkpoints, compiled):
+    """`--kernels` swaps every attention for `torch.ops.specc.tree_attention` (Triton on CUDA)."""
+    target = checkpoints("llama")[0]
+    prompts = varied_prompts(6, 96, seed=9)
+    engine = load_engine(compiled("none", "inductor", kernels=True), device=DEVICE)
+    assert engine.manifest["kernels"], "no graph calls specc's kernels"
+    assert _decode(engine, prompts) == _hf_greedy_on_cuda(target, prompts)
+    _assert_replayed(engine)
+
+
+def test_kangaroo_with_specc_kernels_in_bfloat16_matches_its_none_engine(compiled):
+    """In bfloat16 another attention rounds differently, so the reference is the `none` engine
+    with the same kernels: verification must reproduce its tokens exactly."""
+    prompts = varied_prompts(6, 96, seed=10)
+    none = load_engine(compiled("none", "inductor", "bfloat16", kernels=True), device=DEVICE)
+    kangaroo = load_engine(compiled("kangaroo", "inductor", "bfloat16", kernels=True), device=DEVICE)
+    results = [kangaroo.generate_ids(ids, NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == _decode(none, prompts)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+    _assert_replayed(kangaroo)
