@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 def measure(source: Path, settings: list[str] = ()) -> dict:
     from specc.capture.load import load_model, load_tokenizer
     from specc.methods.firp import FIRPConfig
-    from specc.methods.firp.train import PseudoStudent, WindowTeacher, projection_tensors, train_projections
+    from specc.compiler import build_program, training_context
+    from specc.contract.descriptor import get_method
+    from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_tensors,
+                                          train_projections)
     from specc.train.corpus import token_windows
     from specc.train.distill import evaluate
 
@@ -73,15 +76,20 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
         checkpoint, tokenizer = source_checkpoint(engine.manifest), engine.tokenizer
         target, arch = engine.context.modules["target"], engine.context.architectures["target"]
         firp_training = engine.method_state.get("training")
-    else:
-        from specc.compiler import build_program
-        from specc.contract.descriptor import get_method
+        # The students' cuts come from the checkpoint in the engine's dtype; they read the engine's projections.
+        source_models = {"target": load_model(checkpoint, engine.manifest["dtype"])}
 
+        def build(recipes):
+            return build_program(source_models, get_method("firp"), config, config.train_seq_len, recipes=recipes)
+    else:
         config = FIRPConfig.from_assignments(list(settings))
         checkpoint, tokenizer = source, load_tokenizer(source)
-        program = build_program({"target": load_model(source)}, get_method("firp"), config, config.train_seq_len)
-        firp_training = train_projections(program, config, tokenizer).state.get("training")
-        target, arch = program.graphs["target"].module, program.graphs["target"].architecture
+        context = training_context({"target": load_model(source)}, get_method("firp"), config, config.train_seq_len)
+        firp_training = train_projections(context, config, tokenizer).state.get("training")
+        target, arch = context.program.graphs["target"].module, context.program.graphs["target"].architecture
+
+        def build(recipes):
+            return context.build_graphs(recipes, config)
     model = load_model(checkpoint).eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -92,10 +100,10 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
     train = [_with_final_hidden(teacher(w), model) for w in windows.train]
     heldout = [_with_final_hidden(teacher(w), model) for w in windows.heldout]
     parameters = projection_tensors(target)
+    cuts = deep_cuts(build, target, layers)
     steps = []
     for i, t in enumerate(layers, start=1):
-        firp = PseudoStudent(target, t, i, len(layers), parameters[f"firp_proj.{i}.weight"],
-                             parameters[f"firp_proj.{i}.bias"])
+        firp = PseudoStudent(cuts[t], t, i, parameters[f"firp_proj.{i}.weight"], parameters[f"firp_proj.{i}.bias"])
         row = {"step": i, "layer": t, "firp": round(evaluate(firp, firp.teacher, heldout, 0).acceptance, 4)}
         for name, head in (("early_exit", EarlyExitHead(model, t, arch.hidden_size)),
                            ("medusa", MedusaHead(model, arch.hidden_size))):

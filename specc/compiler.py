@@ -18,7 +18,7 @@ from specc.graph.nodes import attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
-from specc.contract.descriptor import TARGET, check_backend, get_method, is_lossless
+from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.use_kernels import UseKernels
@@ -82,7 +82,7 @@ def compile_engine(request: CompileRequest) -> dict:
     method_state, trained_weights, training = {}, {}, None
     if method.train is not None:
         trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress,
-                                   device if method.trains_on_device else torch.device("cpu"))
+                                   device)
         config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
@@ -118,11 +118,12 @@ def compile_engine(request: CompileRequest) -> dict:
 
 
 def _train(method, config, request: CompileRequest, checkpoint, models: dict, captures: dict, tokenizer,
-           progress: StageReporter, device: torch.device):
-    """The method's training step on a program of its own, on `device`, in the dtype
-    `training_dtype` picks there (the engine's models and captures are reused when it is the
-    engine's); its result and a report (seconds, dtype, device and, for reduced-precision
-    engines, the probe's timings)."""
+           progress: StageReporter, engine_device: torch.device):
+    """The method's training step on programs of its own, on the engine's device (the CPU for a
+    method that does not train on device), in the dtype `training_dtype` picks there (the
+    engine's models and captures are reused when it is the engine's); its result and a report
+    (seconds, dtype, device and, for reduced-precision engines, the probe's timings)."""
+    device = engine_device if method.trains_on_device else torch.device("cpu")
     hidden = models[TARGET].config.hidden_size
     train_dtype = training_dtype(request.dtype, hidden, device)
     if train_dtype == request.dtype:
@@ -131,13 +132,12 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
         with progress.stage(f"loading a {train_dtype} copy to train in"):
             train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
-        training_program = build_program(train_models, method, config, request.max_seq_len,
-                                          kernels=request.kernels, captures=train_captures)
-        for graph in training_program.graphs.values():
-            move_graph(graph.module, device)
+        context = training_context(train_models, method, config, request.max_seq_len, kernels=request.kernels,
+                                   captures=train_captures, device=device, engine_backend=request.backend,
+                                   engine_device=engine_device)
     start = time.perf_counter()
     with progress.stage(f"training/calibrating {method.name}", own_line=True):
-        trained = method.train(training_program, config, tokenizer)
+        trained = method.train(context, config, tokenizer)
     report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype, "device": str(device)}
     if request.dtype != "float32":
         probe = matmul_seconds((request.dtype, "float32"), hidden, device)
@@ -156,14 +156,17 @@ def _load_sources(method, config, checkpoint, dtype: str) -> dict:
 
 
 def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
-                  captures: dict | None = None, state: dict | None = None) -> SpeculativeProgram:
+                  captures: dict | None = None, state: dict | None = None,
+                  recipes: dict[str, GraphRecipe] | None = None) -> SpeculativeProgram:
     """Capture each source model once (into `captures`, reused across calls); every named graph
-    rewrites its own copy of the capture with its recipe's passes, then, given the method `state`
-    training produced, its `after_training` passes (then, with `kernels`, swaps its attention for
-    specc's kernel: `use_kernels`, the last pass). Every pass is recorded."""
+    (the method's for `config`, or `recipes`) rewrites its own copy of the capture with its
+    recipe's passes, then, given the method `state` training produced, its `after_training`
+    passes (then, with `kernels`, swaps its attention for specc's kernel: `use_kernels`, the last
+    pass). Every pass is recorded."""
     program = SpeculativeProgram()
     captures = {} if captures is None else captures
-    for name, recipe in method.graphs(config).items():
+    recipes = method.graphs(config) if recipes is None else recipes
+    for name, recipe in recipes.items():
         if recipe.source not in models:
             raise UsageError(f"method {method.name!r} needs a {recipe.source!r} model")
         if recipe.source not in captures:
@@ -176,6 +179,25 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
+
+
+def training_context(models: dict, method, config, max_seq_len: int, kernels: bool = False,
+                     captures: dict | None = None, device: torch.device = torch.device("cpu"),
+                     engine_backend: str = "eager", engine_device: torch.device | None = None) -> TrainingContext:
+    """What `method.train` works on: the method's program for `config` and a builder of more
+    graphs, all by `build_program` from `models` (captured once, into `captures`), on `device`;
+    and what the engine will be lowered for (`engine_device` defaults to `device`)."""
+    captures = {} if captures is None else captures
+
+    def build(recipes: dict[str, GraphRecipe], config, state: dict | None) -> SpeculativeProgram:
+        program = build_program(models, method, config, max_seq_len, kernels=kernels, captures=captures,
+                                state=state, recipes=recipes)
+        for graph in program.graphs.values():
+            move_graph(graph.module, device)
+        return program
+
+    return TrainingContext(build(method.graphs(config), config, None), method, build, engine_backend,
+                           device if engine_device is None else engine_device)
 
 
 def install_weights(program: SpeculativeProgram, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

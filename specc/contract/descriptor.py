@@ -65,14 +65,46 @@ class TrainResult:
     parameters by name (stored in `weights/added.safetensors`, read by the
     graphs that own them) and JSON-ready state for the manifest. A step that
     chooses hyper-parameters from measurements returns the config it chose
-    (the manifest records it and the runtime reads it). Training runs on a
-    program of its own (float32 where that multiplies faster than the engine's dtype: `specc.train.dtype`);
-    the engine's program is built afterwards from the returned config, with each
+    (the manifest records it and the runtime reads it). Training runs on
+    programs of its own (`TrainingContext`) and returns only data; the
+    engine's program is built afterwards from the returned config, with each
     recipe's `after_training` passes, and the weights installed in its dtype."""
 
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     state: dict = field(default_factory=dict)
     config: MethodConfig | None = None
+
+
+@dataclass(frozen=True)
+class TrainingContext:
+    """What a compile-time training or calibration step works on.
+
+    `program` holds the method's graphs for the compile's config, built by
+    `build_program` from the compile's models in the training dtype (float32
+    where that multiplies faster than the engine's: `specc.train.dtype`) on
+    the training device, with no `after_training` pass yet. A step that needs
+    other graphs asks for them (`build`, `build_graphs`) instead of rewriting
+    a graph itself, so every pass runs, recorded, inside `build_program`; the
+    graphs share the captured weights. `engine_backend` and `engine_device`
+    are what the engine will be lowered for, for steps that measure costs."""
+
+    program: "SpeculativeProgram"
+    method: "MethodDescriptor"
+    # (recipes by graph name, config, method state or None) -> the program of those graphs
+    builder: Callable[[dict[str, GraphRecipe], MethodConfig, dict | None], "SpeculativeProgram"]
+    engine_backend: str = "eager"
+    engine_device: torch.device = torch.device("cpu")
+
+    def build(self, config: MethodConfig, state: dict | None = None,
+              names: tuple[str, ...] | None = None) -> "SpeculativeProgram":
+        """The method's graphs (those in `names`, default all) for `config`; given `state`,
+        with each recipe's `after_training` passes too, as the engine's program will be."""
+        recipes = self.method.graphs(config)
+        return self.builder({name: recipes[name] for name in names or recipes}, config, state)
+
+    def build_graphs(self, recipes: dict[str, GraphRecipe], config: MethodConfig) -> "SpeculativeProgram":
+        """Graphs that only training runs (e.g. a cut a student trains through), from `recipes`."""
+        return self.builder(recipes, config, None)
 
 
 @dataclass(frozen=True)
@@ -91,7 +123,8 @@ class MethodDescriptor:
     verifies_draft_rows_only: bool = True
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
-    train: Callable[["SpeculativeProgram", MethodConfig, object], TrainResult] | None = None
+    # (training context, config, tokenizer) -> what training produced; it never touches the engine's program.
+    train: Callable[[TrainingContext, MethodConfig, object], TrainResult] | None = None
     # γ, the most tokens a round drafts, for the benchmark's S3D eq. 12 prediction (None: no fixed depth).
     draft_depth: Callable[[MethodConfig], int] | None = None
     # Whether `train` runs on whatever device the program's graphs are on (it puts its inputs there).

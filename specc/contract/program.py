@@ -29,12 +29,6 @@ class SpeculativeProgram:
     def records_of(self, graph: str) -> list[PassRecord]:
         return [r for r in self.pass_records if r.graph == graph]
 
-    def replace_graph(self, name: str, module: fx.GraphModule, records: list[PassRecord]) -> None:
-        """Swap graph `name` for one rebuilt at compile time (e.g. with a hyper-parameter
-        chosen from measurements); `records` are every pass that produced it."""
-        self.graphs[name].module = module
-        self.pass_records = [r for r in self.pass_records if r.graph != name] + list(records)
-
 
 def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A GraphModule with its own graph (passes rewrite graphs in place) over

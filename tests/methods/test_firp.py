@@ -12,14 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from specc.capture.load import load_model, load_tokenizer
-from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.compiler import CompileRequest, build_program, compile_engine, training_context
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.contract.descriptor import get_method
 from specc.methods.firp import FIRPConfig
 from specc.methods.firp.config import sized_tree, tree_widths
 from specc.methods.firp.runtime import PSEUDO_LOGITS, PSEUDO_NODES
-from specc.methods.firp.train import PseudoStudent, WindowTeacher, projection_parameters, train_projections
+from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_parameters,
+                                      train_projections)
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
@@ -283,19 +284,19 @@ def trainable(checkpoints, tmp_path_factory):
     target = checkpoints("llama")[0]
     calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=128,
                                     temperature=0.5)
-    program = build_program({"target": load_model(target)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
-    initial = {k: v.detach().clone() for k, v in projection_parameters(program.graphs["target"].module).items()}
-    return program, initial, load_tokenizer(target), calib
+    context = training_context({"target": load_model(target)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in projection_parameters(context.program.graphs["target"].module).items()}
+    return context, initial, load_tokenizer(target), calib
 
 
 def train_from_initial(trainable, *settings: str):
-    program, initial, tokenizer, calib = trainable
+    context, initial, tokenizer, calib = trainable
     with torch.no_grad():
-        for name, p in projection_parameters(program.graphs["target"].module).items():
+        for name, p in projection_parameters(context.program.graphs["target"].module).items():
             p.copy_(initial[name])
     config = FIRPConfig.from_assignments([f"calib_data={calib}", "train_seq_len=48", "eval_sequences=4",
                                           *settings])
-    return train_projections(program, config, tokenizer)
+    return train_projections(context, config, tokenizer)
 
 
 def test_training_lowers_the_loss_of_every_step(trainable):
@@ -319,15 +320,17 @@ def test_training_is_deterministic_for_a_seed(trainable):
 def test_the_student_computes_what_inference_computes(llama_program):
     """Step i's training rows (deep cut, teacher K/V, earlier steps' stored pseudo K/V) give
     the logits the runtime's pseudo rows give for the same anchor."""
-    program, _ = llama_program
+    program, checkpoint = llama_program
     target_graph = program.graphs["target"].module
     arch = program.graphs["target"].architecture
     layers = FIRPConfig().pass_config().resolve(arch.num_layers)
     window = torch.tensor(varied_prompts(8, 96, seed=4)[6][:12])
     stored = WindowTeacher(target_graph, arch, layers, 8)(window)
     parameters = projection_parameters(target_graph)
-    students = [PseudoStudent(target_graph, t, i, len(layers), parameters[f"firp_proj.{i}.weight"],
-                              parameters[f"firp_proj.{i}.bias"]) for i, t in enumerate(layers, start=1)]
+    cuts = deep_cuts(lambda recipes: build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(),
+                                                   MAX_SEQ_LEN, recipes=recipes), target_graph, layers)
+    students = [PseudoStudent(cuts[t], t, i, parameters[f"firp_proj.{i}.weight"], parameters[f"firp_proj.{i}.bias"])
+                for i, t in enumerate(layers, start=1)]
     trained = []
     with torch.no_grad():
         for student in students:
@@ -349,9 +352,9 @@ def test_training_raises_the_agreement_of_every_step_on_a_trained_model():
     from specc.refmodels import build_reference_model
 
     checkpoint = build_reference_model("tiny", progress=False)
-    program = build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
+    context = training_context({"target": load_model(checkpoint)}, METHOD, FIRPConfig(), MAX_SEQ_LEN)
     config = FIRPConfig.from_assignments(["train_steps=200", "train_seq_len=64", "learning_rate=3e-3",
                                           "eval_every=200", "eval_sequences=8"])
-    result = train_projections(program, config, load_tokenizer(checkpoint))
+    result = train_projections(context, config, load_tokenizer(checkpoint))
     agreement = result.state["heldout_agreement_by_step"]
     assert all(after > before + 0.03 for before, after in zip(agreement["before"], agreement["after"])), agreement

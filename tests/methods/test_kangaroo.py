@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from specc.capture.load import load_model, load_tokenizer
 from specc.cli.main import main
-from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.compiler import CompileRequest, build_program, compile_engine, training_context
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
@@ -299,18 +299,18 @@ def trainable(checkpoints, tmp_path_factory):
     """A llama Kangaroo program, its initial adapter weights, tokenizer, calibration file."""
     target = checkpoints("llama")[0]
     calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256)
-    program = build_program({"target": load_model(target)}, get_method("kangaroo"), KangarooConfig(), MAX_SEQ_LEN)
-    initial = {k: v.detach().clone() for k, v in adapter_parameters(program.graphs["adapter"].module).items()}
-    return program, initial, load_tokenizer(target), calib
+    context = training_context({"target": load_model(target)}, get_method("kangaroo"), KangarooConfig(), MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in adapter_parameters(context.program.graphs["adapter"].module).items()}
+    return context, initial, load_tokenizer(target), calib
 
 
 def train_from_initial(trainable, *settings: str):
-    program, initial, tokenizer, calib = trainable
+    context, initial, tokenizer, calib = trainable
     with torch.no_grad():
-        for name, p in adapter_parameters(program.graphs["adapter"].module).items():
+        for name, p in adapter_parameters(context.program.graphs["adapter"].module).items():
             p.copy_(initial[name])
     config = KangarooConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", *settings])
-    return train_adapter(program, config, tokenizer)
+    return train_adapter(context, config, tokenizer)
 
 
 def test_training_lowers_loss_and_raises_heldout_acceptance(trainable, one_thread):

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from specc.capture.load import load_model, load_tokenizer
-from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.compiler import CompileRequest, build_program, compile_engine, training_context
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
 from specc.contract.descriptor import get_method
-from specc.methods.s3d import S3DConfig, draft_only_passes
+from specc.methods.s3d import S3DConfig
 from specc.runtime.speedup_model import s3d_tau
 from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
@@ -205,19 +205,19 @@ def trainable(checkpoints, tmp_path_factory):
     calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256,
                                     temperature=0.5)
     config = S3DConfig(lora_mlp=True)
-    program = build_program({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
-    initial = {k: v.detach().clone() for k, v in draft_parameters(program.graphs["draft"].module).items()}
-    return program, initial, load_tokenizer(target), calib
+    context = training_context({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in draft_parameters(context.program.graphs["draft"].module).items()}
+    return context, initial, load_tokenizer(target), calib
 
 
 def train_from_initial(trainable, *settings: str):
-    program, initial, tokenizer, calib = trainable
+    context, initial, tokenizer, calib = trainable
     with torch.no_grad():
-        for name, p in draft_parameters(program.graphs["draft"].module).items():
+        for name, p in draft_parameters(context.program.graphs["draft"].module).items():
             p.copy_(initial[name])
     config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=64", "lora_mlp=true", "select=false",
                                          *settings])
-    return train_draft(program, config, tokenizer, draft_only_passes)
+    return train_draft(context, config, tokenizer)
 
 
 def test_training_lowers_loss_and_raises_heldout_agreement(trainable):
@@ -246,8 +246,8 @@ def test_training_is_deterministic_for_a_seed(trainable):
 
 def test_eq12_picks_the_block_and_gamma_with_the_largest_predicted_speedup():
     verify = [1.0, 1.2, 1.5, 2.0]                     # γ + 1 rows cost: 1, 2, 3, 4 rows
-    shallow = Candidate((3, 4), None, [], [0.5] * 3, [0.9, 0.6, 0.3], [0.5, 0.55, 0.6])
-    deep = Candidate((2, 5), None, [], [0.3] * 3, [0.8, 0.4, 0.2], [0.3, 0.33, 0.36])
+    shallow = Candidate((3, 4), None, [0.5] * 3, [0.9, 0.6, 0.3], [0.5, 0.55, 0.6])
+    deep = Candidate((2, 5), None, [0.3] * 3, [0.8, 0.4, 0.2], [0.3, 0.33, 0.36])
     for candidate in (shallow, deep):
         by_gamma = {g: s3d_tau(candidate.agreement[:g]) / (candidate.draft_cost[g - 1] + verify[g])
                     for g in (1, 2, 3)}
@@ -265,14 +265,16 @@ def deep_llama(tmp_path_factory):
     return target, sample_calibration_text(target, root / "calib.txt", sequences=32, temperature=0.5)
 
 
-def test_eq12_selection_times_and_pilots_every_candidate_and_rebuilds_the_draft(deep_llama):
+def test_eq12_selection_times_and_pilots_every_candidate_and_the_engine_drafts_its_choice(deep_llama):
     target, calib = deep_llama
     config = S3DConfig.from_assignments([f"calib_data={calib}", "train_seq_len=32", "train_steps=6", "eval_every=3",
                                          "eval_sequences=2", "select_ratios=0.2,0.33,0.5", "select_max_tokens=3",
                                          "select_steps=4"])
-    program = build_program({"target": load_model(target)}, METHOD, config, MAX_SEQ_LEN)
-    result = METHOD.train(program, config, load_tokenizer(target))
+    models, captures = {"target": load_model(target)}, {}
+    result = METHOD.train(training_context(models, METHOD, config, MAX_SEQ_LEN, captures=captures), config,
+                          load_tokenizer(target))
     selection = result.state["selection"]
+    assert selection["costs_timed_with"] == selection["engine_lowered_for"] == {"backend": "eager", "device": "cpu"}
     blocks = [tuple(c["skipped_layers"]) for c in selection["candidates"]]
     assert blocks == [(2, 2), (2, 3), (1, 3)]          # 1, 2 and 3 of 6 layers, centred
     for candidate in selection["candidates"]:
@@ -285,6 +287,8 @@ def test_eq12_selection_times_and_pilots_every_candidate_and_rebuilds_the_draft(
     assert result.config.skip_layers == tuple(chosen["skipped_layers"]) and result.config.draft_tokens == gamma
     first, last = chosen["skipped_layers"]
     assert result.state["skipped_layers"] == [first, last]
+    # The engine's program, built from the chosen config, drafts through the chosen block.
+    program = build_program(models, METHOD, result.config, MAX_SEQ_LEN, captures=captures, state=result.state)
     draft = program.graphs["draft"].module
     kept = sorted({layer_index(n) for n in draft.graph.nodes} - {None})
     assert kept == [i for i in range(6) if not first <= i <= last]

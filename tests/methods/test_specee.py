@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specc.capture.load import load_model, load_tokenizer
-from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.compiler import CompileRequest, build_program, compile_engine, install_weights, training_context
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.contract.descriptor import get_method
+from specc.contract.descriptor import TrainResult, get_method
 from specc.methods.specee import SpecEEConfig
 from specc.methods.specee.config import SCHEDULE_KEY
 from specc.methods.specee.runtime import build_runtime
@@ -43,11 +43,14 @@ def programs(checkpoints):
         if family not in built:
             target = checkpoints(family)[0]
             config = SpecEEConfig(**TRAIN)
-            program = build_program({"target": load_model(target)}, get_method("specee"), config, MAX_SEQ_LEN)
+            models, captures, method = {"target": load_model(target)}, {}, get_method("specee")
             # The tiny qwen2 tokenizer encodes the built-in corpus to nothing: its heads stay untrained.
-            state = ({} if family == "qwen2" else
-                     train_specee(program, config, load_tokenizer(target)).state)
-            built[family] = (target, program, state)
+            trained = (TrainResult() if family == "qwen2" else
+                       train_specee(training_context(models, method, config, MAX_SEQ_LEN, captures=captures),
+                                    config, load_tokenizer(target)))
+            program = build_program(models, method, config, MAX_SEQ_LEN, captures=captures, state=trained.state)
+            install_weights(program, trained.weights)
+            built[family] = (target, program, trained.state)
         return built[family]
 
     return get

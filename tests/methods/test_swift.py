@@ -16,6 +16,7 @@ from specc.engine.loaded import load_engine
 from specc.errors import UsageError
 from specc.engine.inspect_engine import inspect_engine
 from specc.methods.swift import SKIP_SET_KEY, SwiftConfig
+from specc.methods.swift.drafter import SearchLimit
 from specc.runtime.acceptance import accept_sampled_tree
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.drafter import DraftBudget
@@ -151,6 +152,20 @@ def test_skip_set_change_reuses_segments_and_stays_lossless(swift_checkpoint, tm
     assert forward.segments == segments and all(forward.segments[k] is v for k, v in segments.items())
     with pytest.raises(UsageError, match="skippable sublayers"):
         engine.drafter.use_skip_set(frozenset({"attn_0"}))
+
+
+def test_a_search_limit_bounds_the_search_and_hears_every_step(swift_checkpoint, tmp_path):
+    """How compile-time calibration bounds its search: no step once the limit says no, and
+    drafting goes on losslessly with the incumbent."""
+    checkpoint = swift_checkpoint("llama")
+    engine = compile_swift(checkpoint, tmp_path / "engine")
+    steps, prompts = [], varied_prompts(4, 96, seed=13)
+    engine.drafter.limit_search(SearchLimit(allows=lambda: len(steps) < 3, after_step=lambda: steps.append(1)))
+    assert_identical(engine, checkpoint, prompts)
+    assert len(steps) == 3
+    tries = engine.drafter.search.state.tries
+    assert_identical(engine, checkpoint, prompts)
+    assert engine.drafter.search.state.tries == tries and len(steps) == 3
 
 
 def test_skipping_a_sublayer_bypasses_it_and_writes_no_kv(swift_checkpoint, tmp_path):

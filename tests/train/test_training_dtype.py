@@ -9,13 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from specc.compiler import CompileRequest, build_program, compile_engine, install_weights
+from specc.compiler import CompileRequest, build_program, compile_engine, install_weights, training_context
 from specc.train import dtype as train_dtype
 from specc.capture.load import load_model
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError
-from specc.methods import descriptor
+from specc.contract import descriptor
 from specc.contract.descriptor import get_method
+from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.testing.checkpoints import sample_calibration_text
 
 TRAIN = ["train_steps=4", "train_seq_len=32", "eval_sequences=2", "eval_every=4", "draft_vocab_size=40"]
@@ -34,9 +35,9 @@ def recorded_training(monkeypatch):
     method = get_method("kangaroo")
     seen = []
 
-    def train(program, config, tokenizer):
-        seen.append(next(program.graphs["adapter"].module.parameters()).dtype)
-        return method.train(program, config, tokenizer)
+    def train(context, config, tokenizer):
+        seen.append(next(context.program.graphs["adapter"].module.parameters()).dtype)
+        return method.train(context, config, tokenizer)
 
     monkeypatch.setitem(descriptor._REGISTRY, "kangaroo", dataclasses.replace(method, train=train))
     return seen
@@ -105,3 +106,24 @@ def test_installing_a_weight_no_graph_reads_or_of_another_shape_is_an_error(chec
         install_weights(program, {name: torch.zeros(*tensor.shape, 2)})
     installed = install_weights(program, {name: torch.full_like(tensor, 0.5)})
     assert torch.equal(program.graphs["adapter"].module.get_parameter(name), installed[name])
+
+
+def test_training_asks_the_compiler_for_graphs_and_leaves_its_program_alone(checkpoints):
+    """Every graph training runs is built by `build_program`, from the captured weights, with its
+    passes recorded; a rebuild for a choice (here a reduced head) is a program of its own."""
+    method = get_method("kangaroo")
+    config = method.config_class.from_assignments([])
+    context = training_context({"target": load_model(checkpoints("llama")[0])}, method, config, 64,
+                               engine_backend="inductor")
+    assert context.engine_backend == "inductor" and context.engine_device == torch.device("cpu")
+    reduced = context.build(config, {DRAFT_VOCABULARY_KEY: [0, 1, 2]}, names=("adapter",))
+    assert list(reduced.graphs) == ["adapter"]
+    assert [r.pass_name for r in reduced.pass_records][-1] == "reduce_draft_vocabulary"
+    assert "reduce_draft_vocabulary" not in [r.pass_name for r in context.program.pass_records]
+    original, rebuilt = (tensors(context.program.graphs["shallow"].module), tensors(reduced.graphs["adapter"].module))
+    shared = original.keys() & rebuilt.keys()
+    assert shared and all(original[name] is rebuilt[name] for name in shared)
+
+
+def tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict([*module.named_parameters(), *module.named_buffers()])

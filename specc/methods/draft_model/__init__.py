@@ -21,10 +21,10 @@ from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 __all__ = ["METHOD", "DraftModelConfig", "DraftModelDrafter"]
 
 
-def _train(program, config: DraftModelConfig, tokenizer) -> TrainResult:
+def _train(context, config: DraftModelConfig, tokenizer) -> TrainResult:
     from specc.train.reduce_draft_head import reduce_draft_head
 
-    return reduce_draft_head(program, "draft", config.draft_vocab_size, config.calib_data, tokenizer, "draft-model")
+    return reduce_draft_head(context, config, "draft", tokenizer, "draft-model")
 
 
 def _validate(config: DraftModelConfig, model_config) -> None:

@@ -42,10 +42,10 @@ def _graphs(config: FIRPConfig) -> dict[str, GraphRecipe]:
     return {"target": GraphRecipe(TARGET, target_passes)}
 
 
-def _train(program, config: FIRPConfig, tokenizer) -> TrainResult:
+def _train(context, config: FIRPConfig, tokenizer) -> TrainResult:
     from specc.methods.firp.train import train_projections
 
-    return train_projections(program, config, tokenizer)
+    return train_projections(context, config, tokenizer)
 
 
 def _validate(config: FIRPConfig, model_config) -> None:

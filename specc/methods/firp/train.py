@@ -5,8 +5,10 @@ once per window, with the state leaving layer t_i - 1 for every t_i as extra
 outputs. Kept in memory: its top-k next-token probabilities at every
 position, its K/V of the layers from t_1 on, and those states.
 
-Student for step i: a deep cut of the same `target` graph at t_i (layers
-t_i..L-1, the LM head) over one pseudo row per anchor position p, entering
+Student for step i: a deep cut of the `target` graph at t_i (layers
+t_i..L-1, the LM head; built by `build_program` from the target's recipe
+and `expose_layer_exit`, sharing the target's weights and projections)
+over one pseudo row per anchor position p, entering
 as W_i h_p + b_i (the projection the graph applies at t_i) at position p + i.
 Row p attends to the teacher's K/V of positions 0..p, to the pseudo rows
 (p, j < i) of the steps already trained, and to itself — exactly what a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -33,11 +36,11 @@ from tqdm import tqdm
 
 from specc.graph.patterns import layer_output
 from specc.graph.signature import read_signature
-from specc.contract.descriptor import TrainResult
+from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, TrainResult
 from specc.graph.nodes import output_node
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
+from specc.methods.firp import target_passes
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
-from specc.passes.manager import run_passes
 from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
@@ -58,11 +61,11 @@ class Window:
     kv: list[torch.Tensor | None]            # per cache input: [1, kv_heads, (k+1)T + 1, head_dim]; None below t_1
 
 
-def train_projections(program: SpeculativeProgram, config, tokenizer) -> TrainResult:
+def train_projections(context: TrainingContext, config, tokenizer) -> TrainResult:
     """The projections' weights by name, and the training report as state."""
     start = time.perf_counter()
-    target = program.graphs["target"].module
-    arch = program.graphs["target"].architecture
+    target = context.program.graphs["target"].module
+    arch = context.program.graphs["target"].architecture
     layers = config.pass_config().resolve(arch.num_layers)
     parameters = projection_parameters(target)
     state = {"num_layers": arch.num_layers, "pseudo_layers": list(layers), "steps": len(layers),
@@ -84,10 +87,10 @@ def train_projections(program: SpeculativeProgram, config, tokenizer) -> TrainRe
                                                 unit="window", dynamic_ncols=True))]
     heldout = [teacher(w) for w in releasing(windows.heldout)]
     teacher_seconds = time.perf_counter() - start
+    cuts = deep_cuts(lambda recipes: context.build_graphs(recipes, config), target, layers)
     reports, before, after = [], [], []
     for i, t in enumerate(layers, start=1):
-        student = PseudoStudent(target, t, i, len(layers), parameters[f"{MODULE}.{i}.weight"],
-                                parameters[f"{MODULE}.{i}.bias"])
+        student = PseudoStudent(cuts[t], t, i, parameters[f"{MODULE}.{i}.weight"], parameters[f"{MODULE}.{i}.bias"])
         report = distill(student, student.teacher, [student.weight, student.bias], train, heldout,
                          DistillConfig(steps=config.train_steps, learning_rate=config.learning_rate,
                                        warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
@@ -119,11 +122,42 @@ def projection_tensors(target: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in named if name.startswith(MODULE + ".")}
 
 
-def cut(target: fx.GraphModule, layer: int, keep: str) -> fx.GraphModule:
-    """A copy of `target` cut at the exit of `layer` layers (sharing its parameters)."""
-    gm = fx.GraphModule(target, copy.deepcopy(target.graph))
-    gm, _ = run_passes(f"firp-{keep}-{layer}", gm, [ExposeLayerExit(LayerExitConfig(layer=layer, keep=keep))])
-    return gm
+def deep_cut_recipes(layers: tuple[int, ...]) -> dict[str, GraphRecipe]:
+    """Per distinct layer t: the target's graph cut at the exit of t layers, keeping layers
+    t..L-1 and the LM head (a student's graph, built only for training)."""
+    def recipe(layer: int) -> GraphRecipe:
+        return GraphRecipe(TARGET, lambda c: [*target_passes(c), ExposeLayerExit(LayerExitConfig(layer, "deep"))])
+    return {_cut_name(t): recipe(t) for t in sorted(set(layers))}
+
+
+def deep_cuts(build: Callable[[dict[str, GraphRecipe]], SpeculativeProgram], target: fx.GraphModule,
+              layers: tuple[int, ...]) -> dict[int, fx.GraphModule]:
+    """Layer t -> the deep cut at t (`deep_cut_recipes`, built by `build` from the capture
+    `target` came from, so the frozen weights are shared), reading `target`'s own projections."""
+    program = build(deep_cut_recipes(layers))
+    projections = projection_tensors(target)
+    cuts = {t: program.graphs[_cut_name(t)].module for t in sorted(set(layers))}
+    for gm in cuts.values():
+        _share(gm, projections)
+    return cuts
+
+
+def _cut_name(layer: int) -> str:
+    return f"firp-deep-{layer}"
+
+
+def _share(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Make the tensors `module` holds under these names the given ones (a cut built apart from
+    the target gets projections of its own; the student must read the ones being trained)."""
+    held = {name for name, _ in [*module.named_parameters(), *module.named_buffers()]}
+    for name in sorted(held & tensors.keys()):
+        owner, _, leaf = name.rpartition(".")
+        holder = module.get_submodule(owner)
+        delattr(holder, leaf)
+        if isinstance(tensors[name], torch.nn.Parameter):
+            holder.register_parameter(leaf, tensors[name])
+        else:
+            holder.register_buffer(leaf, tensors[name])
 
 
 def with_exit_outputs(target: fx.GraphModule, exits: list[int]) -> fx.GraphModule:
@@ -175,12 +209,12 @@ class WindowTeacher:
 
 
 class PseudoStudent:
-    """Step i's pseudo rows for every anchor p = 0..T-1-i of a window, through the deep
-    cut at t_i; logits [T - i, vocab]."""
+    """Step i's pseudo rows for every anchor p = 0..T-1-i of a window, through `deep`, the
+    target cut at t_i (`deep_cuts`); logits [T - i, vocab]."""
 
-    def __init__(self, target: fx.GraphModule, layer: int, step: int, steps: int, weight, bias):
-        self.deep = cut(target, layer, "deep")
-        self.layer, self.step, self.steps = layer, step, steps
+    def __init__(self, deep: fx.GraphModule, layer: int, step: int, weight, bias):
+        self.deep = deep
+        self.layer, self.step = layer, step
         self.weight, self.bias = weight, bias
 
     def teacher(self, window: Window) -> tuple[SparseTarget, Window]:

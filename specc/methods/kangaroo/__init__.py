@@ -46,10 +46,10 @@ def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
     }
 
 
-def _train(program, config: KangarooConfig, tokenizer) -> TrainResult:
+def _train(context, config: KangarooConfig, tokenizer) -> TrainResult:
     from specc.methods.kangaroo.train import train_adapter
 
-    return train_adapter(program, config, tokenizer)
+    return train_adapter(context, config, tokenizer)
 
 
 METHOD = MethodDescriptor(

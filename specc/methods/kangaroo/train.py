@@ -10,8 +10,10 @@ drafts. Only the adapter's parameters move; the shared LM head, the draft
 head's rows and every target weight stay frozen.
 
 Before training, the adapter's LM head is cut to the `draft_vocab_size`
-most frequent tokens of the calibration text (`reduce_draft_vocabulary`,
-recorded with the other passes); the chosen ids go to the manifest state.
+most frequent tokens of the calibration text: the adapter graph is built
+again with those ids as state, so its recipe's own `after_training` pass
+(`reduce_draft_vocabulary`) cuts it, as it will in the engine; the chosen
+ids go to the manifest state.
 """
 
 from __future__ import annotations
@@ -20,12 +22,10 @@ import torch
 from tqdm import tqdm
 
 from specc.graph.nodes import layer_index
-from specc.contract.descriptor import TrainResult
+from specc.contract.descriptor import TrainingContext, TrainResult
 from specc.methods.kangaroo.config import DRAFT_VOCABULARY_KEY
 from specc.passes.attach_adapter_head import AdapterHeadConfig
-from specc.passes.manager import run_passes
-from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.contract.program import SpeculativeProgram
+from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
@@ -34,9 +34,10 @@ from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_ta
 ADAPTER_MODULE = AdapterHeadConfig().module_name
 
 
-def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult:
+def train_adapter(context: TrainingContext, config, tokenizer) -> TrainResult:
     """The adapter's weights (and the reduced draft head) by name, and the
     training report and draft vocabulary as state."""
+    program = context.program
     shallow, deep = program.graphs["shallow"].module, program.graphs["deep"].module
     arch = program.graphs["shallow"].architecture
     state = {"exit_layer": len({i for i in map(layer_index, shallow.graph.nodes) if i is not None}),
@@ -50,7 +51,7 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
     to_student, extra = None, {}
     if reduce:
         ids = frequent_tokens(windows.train, arch, config.draft_vocab_size)
-        _reduce_head(program, ids)
+        program = context.build(config, {DRAFT_VOCABULARY_KEY: ids}, names=("adapter",))
         to_student = student_index(ids, arch.vocab_size)
         head = program.graphs["adapter"].module.get_parameter(f"{DraftVocabularyConfig.module_name}.weight")
         extra = {f"{DraftVocabularyConfig.module_name}.weight": head.detach().clone()}
@@ -80,13 +81,6 @@ def train_adapter(program: SpeculativeProgram, config, tokenizer) -> TrainResult
 
 def _trained(adapter) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in adapter_parameters(adapter).items()}
-
-
-def _reduce_head(program: SpeculativeProgram, ids: list[int]) -> None:
-    graph = program.graphs["adapter"]
-    graph.module, records = run_passes("adapter", graph.module,
-                                       [ReduceDraftVocabulary(DraftVocabularyConfig(tuple(ids)))])
-    program.pass_records += records
 
 
 def adapter_parameters(adapter: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

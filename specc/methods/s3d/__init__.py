@@ -24,8 +24,8 @@ full model before anything reads it, and the target graph has no adapters.
 With `select` (the default) the block and γ are not constants: `select`
 pilot-trains every candidate block, times its draft and the target's
 verification, and keeps the pair with the largest eq. 12 prediction; the
-draft graph is rebuilt for it and the chosen values replace the config in
-the manifest.
+chosen values replace the config in the manifest, and the engine's draft
+graph is built for them.
 
 The mask embedding and the adapters are trained inside `specc compile`
 (`train`), self-distilled from the frozen target with masks at every
@@ -72,10 +72,10 @@ def _build_runtime(context, config: S3DConfig) -> MethodRuntime:
     return MethodRuntime(target, MaskTokenDrafter(context.model("draft", cache=target.cache), config))
 
 
-def _train(program, config: S3DConfig, tokenizer) -> TrainResult:
+def _train(context, config: S3DConfig, tokenizer) -> TrainResult:
     from specc.methods.s3d.train import train_draft
 
-    return train_draft(program, config, tokenizer, draft_only_passes)
+    return train_draft(context, config, tokenizer)
 
 
 def _validate(config: S3DConfig, model_config) -> None:

@@ -16,12 +16,17 @@ one plain single-token target forward on this machine:
   taken as 0; `specc bench` measures it and sets its own eq. 12 prediction
   beside the measured speedup.
 
-Costs are timed in eager at the training window's length as the prefix,
-every graph and row count interleaved over several rounds, keeping each
-one's fastest time (other work on the machine only adds time). A pilot of a few
-dozen steps underestimates every candidate's final acceptance; the choice
-relies on the ranking, and the chosen candidate keeps training from its
-pilot weights.
+Costs are timed in eager, on the device training runs on, at the training
+window's length as the prefix, every graph and row count interleaved over
+several rounds, keeping each one's fastest time (other work on the machine
+only adds time). Not with the engine's backend: that would lower every
+candidate's draft graph for every row count, one backend compile each, for
+costs that eq. 12 uses only as ratios to a plain forward timed the same
+way. The report records where the costs were timed beside what the engine
+is lowered for, so a prediction for another backend or device reads as the
+estimate it is. A pilot of a few dozen steps underestimates every
+candidate's final acceptance; the choice relies on the ranking, and the
+chosen candidate keeps training from its pilot weights.
 """
 
 from __future__ import annotations
@@ -32,11 +37,9 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
+from specc.contract.descriptor import TrainingContext
 from specc.runtime.speedup_model import s3d_tau
-from specc.contract.infrastructure import infrastructure_passes
-from specc.passes.manager import PassRecord, run_passes
 from specc.methods.s3d.skip_middle_layers import middle_block, resolve_block
-from specc.contract.program import SpeculativeProgram, graph_copy
 from specc.runtime.masks import causal_chunk_mask
 from specc.train.inputs import empty_caches
 
@@ -49,7 +52,6 @@ class Candidate:
 
     block: tuple[int, int]
     module: torch.fx.GraphModule
-    records: list[PassRecord]
     untrained: list[float]       # held-out top-1 agreement at draft positions 1..γ_max, before the pilot
     agreement: list[float]       # the same after the pilot
     draft_cost: list[float]      # [γ - 1]: one draft forward over γ rows, in plain target forwards
@@ -78,15 +80,6 @@ def candidate_blocks(config, num_layers: int) -> list[tuple[int, int]]:
         return [resolve_block(config.skip_config(), num_layers)]
     blocks = [middle_block(num_layers, ratio) for ratio in config.select_ratios]
     return list(dict.fromkeys(b for b in blocks if b is not None))
-
-
-def build_draft(program: SpeculativeProgram, config, draft_only_passes) -> tuple[torch.fx.GraphModule, list[PassRecord]]:
-    """The draft graph for `config`'s block, cut from the target graph (which already
-    carries the infrastructure passes) by the draft-only passes."""
-    infrastructure = {p.name for p in infrastructure_passes()}
-    kept = [r for r in program.records_of("draft") if r.pass_name in infrastructure]
-    module, records = run_passes("draft", graph_copy(program.graphs["target"].module), draft_only_passes(config))
-    return module, kept + records
 
 
 def forward_call(module, arch, dtype, rows: int, prefix: int, extra=lambda rows: ()):
@@ -132,31 +125,36 @@ class Selection:
         return self.chosen.improvement(self.config.draft_tokens, self.verify_cost, agreement)
 
 
-def select_by_eq12(program: SpeculativeProgram, config, draft_only_passes, pilot) -> Selection:
+def candidate_draft(context: TrainingContext, config) -> torch.fx.GraphModule:
+    """The draft graph for `config`'s block, built as the engine's would be."""
+    return context.build(config, names=("draft",)).graphs["draft"].module
+
+
+def select_by_eq12(context: TrainingContext, config, pilot) -> Selection:
     """Pilot-train and time every candidate block; keep the (block, γ) with the largest IF.
 
     `pilot(module, gamma_max)` trains a candidate's draft-only parameters for
     `select_steps` and returns its held-out agreement by draft position before
     and after."""
-    arch = program.graphs["target"].architecture
-    target = program.graphs["target"].module
+    arch = context.program.graphs["target"].architecture
+    target = context.program.graphs["target"].module
     dtype = next(target.parameters()).dtype
     gamma_max, prefix = config.select_max_tokens, config.train_seq_len
     blocks = candidate_blocks(config, arch.num_layers)
-    drafts = [build_draft(program, replace(config, skip_layers=block), draft_only_passes) for block in blocks]
+    drafts = [candidate_draft(context, replace(config, skip_layers=block)) for block in blocks]
     calls = {("target", rows): forward_call(target, arch, dtype, rows, prefix) for rows in range(1, gamma_max + 2)}
-    for index, (module, _) in enumerate(drafts):
+    for index, module in enumerate(drafts):
         calls |= {(index, rows): forward_call(module, arch, dtype, rows, prefix, mask_rows)
                   for rows in range(1, gamma_max + 1)}
     seconds = fastest_seconds(calls)
     one = seconds["target", 1]
     verify_cost = [seconds["target", rows] / one for rows in range(1, gamma_max + 2)]   # index γ: γ + 1 rows
     candidates = []
-    for index, (block, (module, records)) in enumerate(
+    for index, (block, module) in enumerate(
             tqdm(list(zip(blocks, drafts)), desc="s3d: eq. 12 candidates", unit="block", dynamic_ncols=True)):
         untrained, agreement = pilot(module, gamma_max)
         draft_cost = [seconds[index, rows] / one for rows in range(1, gamma_max + 1)]
-        candidates.append(Candidate(block, module, records, untrained, agreement, draft_cost))
+        candidates.append(Candidate(block, module, untrained, agreement, draft_cost))
     chosen = max(candidates, key=lambda c: c.improvement(c.best_gamma(verify_cost), verify_cost))
     gamma = chosen.best_gamma(verify_cost)
     predicted = chosen.improvement(gamma, verify_cost)
@@ -165,5 +163,7 @@ def select_by_eq12(program: SpeculativeProgram, config, draft_only_passes, pilot
     report = {"skipped_layers": list(chosen.block), "draft_tokens": gamma,
               "predicted_speedup_after_pilot": round(predicted, 3),
               "plain_forward_seconds": round(one, 5), "verify_cost_by_gamma": [round(v, 3) for v in verify_cost[1:]],
-              "pilot_steps": config.select_steps, "candidates": [c.to_json(verify_cost) for c in candidates]}
+              "pilot_steps": config.select_steps, "candidates": [c.to_json(verify_cost) for c in candidates],
+              "costs_timed_with": {"backend": "eager", "device": str(next(target.parameters()).device)},
+              "engine_lowered_for": {"backend": context.engine_backend, "device": str(context.engine_device)}}
     return Selection(replace(config, skip_layers=chosen.block, draft_tokens=gamma), chosen, verify_cost, report)

@@ -29,15 +29,13 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from specc.contract.descriptor import COMPILE_TIME_PREDICTION
+from specc.contract.descriptor import COMPILE_TIME_PREDICTION, TrainingContext, TrainResult
 from specc.graph.nodes import placeholder
 from specc.graph.signature import read_signature
-from specc.contract.descriptor import TrainResult
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.insert_mask_tokens import MaskTokensConfig
 from specc.methods.s3d.skip_middle_layers import decoder_layers
 from specc.methods.s3d.select import select_by_eq12
-from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, cache_teacher, distill, sparse_target
@@ -61,10 +59,12 @@ class StudentInput:
     phase: int
 
 
-def train_draft(program: SpeculativeProgram, config, tokenizer, draft_only_passes) -> TrainResult:
+def train_draft(context: TrainingContext, config, tokenizer) -> TrainResult:
     """The draft-only parameters by name, and the training report as state; with
-    `select`, first the block and γ eq. 12 picks (the draft graph is rebuilt for them)."""
+    `select`, first the block and γ eq. 12 picks (training goes on in the chosen
+    candidate's draft graph, and the returned config carries the choice)."""
     start = time.perf_counter()
+    program = context.program
     target = program.graphs["target"].module
     arch = program.graphs["target"].architecture
     if config.train_steps == 0:
@@ -104,10 +104,9 @@ def train_draft(program: SpeculativeProgram, config, tokenizer, draft_only_passe
             untrained = agreement_by_position(student, teacher, heldout, gamma)
             run(config.select_steps, min(config.warmup_steps, config.select_steps // 2), "s3d: pilot")
             return untrained, agreement_by_position(student, teacher, heldout, gamma)
-        selection = select_by_eq12(program, config, draft_only_passes, pilot)
+        selection = select_by_eq12(context, config, pilot)
         config = selection.config
-        program.replace_graph("draft", selection.chosen.module, selection.chosen.records)
-    draft = program.graphs["draft"].module
+    draft = program.graphs["draft"].module if selection is None else selection.chosen.module
     gamma = config.draft_tokens
     parameters, student, heldout, run = trainer(draft, gamma)
     before = (selection.chosen.untrained[:gamma] if selection is not None
@@ -122,7 +121,8 @@ def train_draft(program: SpeculativeProgram, config, tokenizer, draft_only_passe
         state[COMPILE_TIME_PREDICTION] = {
             "speedup": round(selection.predicted_speedup(after), 3),
             "by": "S3D eq. 12 over none from the held-out agreement after training and costs timed in eager "
-                  "at compile, without loop overhead"}
+                  f"on {selection.report['costs_timed_with']['device']} at compile (the engine runs "
+                  f"{context.engine_backend} on {context.engine_device}), without loop overhead"}
     state.update(calibration=windows.source, training=report.to_json(),
                  heldout_agreement_by_position={"before": before, "after": after},
                  train_seconds=round(time.perf_counter() - start, 3))

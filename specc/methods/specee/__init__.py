@@ -62,10 +62,10 @@ def _predictors(config: SpecEEConfig) -> ExitPredictorConfig:
                                seed=config.seed)
 
 
-def _train(program, config: SpecEEConfig, tokenizer) -> TrainResult:
+def _train(context, config: SpecEEConfig, tokenizer) -> TrainResult:
     from specc.methods.specee.train import train_specee
 
-    return train_specee(program, config, tokenizer)
+    return train_specee(context, config, tokenizer)
 
 
 def _validate(config: SpecEEConfig, model_config) -> None:

@@ -2,7 +2,9 @@
 
 1. The draft head is self-distilled from the frozen target (`verify` on a
    window gives the next-token distribution and the top-layer features);
-   its LM head is first cut to the most frequent calibration tokens.
+   its LM head is first cut to the most frequent calibration tokens (the
+   head graph built again with them as state: its recipe's `after_training`
+   pass cuts it, as in the engine).
 2. On `predictor_windows` windows the layer-wise target runs once with the
    trained head's candidates; after every layer the full head gives the
    features [z, p, Δ] and the label "this layer's argmax is the final
@@ -23,15 +25,12 @@ import time
 import torch
 from tqdm import tqdm
 
-from specc.contract.descriptor import TrainResult
+from specc.contract.descriptor import TrainingContext, TrainResult
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.methods.specee.attach_draft_head import DraftHeadConfig
 from specc.methods.specee.insert_exit_predictors import (MODULE, apply_predictor, predictor_features,
                                                          predictor_parameters)
-from specc.passes.manager import run_passes
-from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
-from specc.contract.program import SpeculativeProgram
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
@@ -43,7 +42,8 @@ CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97
                           0.995, 0.997, 0.998, 0.999, 0.9995, 0.9999)
 
 
-def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -> TrainResult:
+def train_specee(context: TrainingContext, config: SpecEEConfig, tokenizer) -> TrainResult:
+    program = context.program
     arch = program.graphs["verify"].architecture
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
@@ -51,9 +51,8 @@ def train_specee(program: SpeculativeProgram, config: SpecEEConfig, tokenizer) -
     vocabulary = None
     if 0 < config.draft_vocab_size < arch.vocab_size:
         vocabulary = frequent_tokens(windows.train, arch, config.draft_vocab_size)
-        _reduce_head(program, vocabulary)
         state[DRAFT_VOCABULARY_KEY] = vocabulary
-    head, verify = program.graphs["draft_head"].module, program.graphs["verify"].module
+    head, verify = _draft_head(context, config, vocabulary), program.graphs["verify"].module
     dtype = next(head.parameters()).dtype
     to_student = None if vocabulary is None else student_index(vocabulary, arch.vocab_size)
     teacher = cache_teacher(_teacher(verify, arch, dtype, config.teacher_top_k, to_student),
@@ -111,11 +110,12 @@ def _sliced(scored: list | None, part: slice) -> list | None:
     return None if scored is None else scored[part]
 
 
-def _reduce_head(program: SpeculativeProgram, ids: list[int]) -> None:
-    graph = program.graphs["draft_head"]
-    graph.module, records = run_passes("draft_head", graph.module, [
-        ReduceDraftVocabulary(DraftVocabularyConfig(tuple(ids), module_name=REDUCED_HEAD))])
-    program.pass_records += records
+def _draft_head(context: TrainingContext, config: SpecEEConfig, vocabulary: list[int] | None):
+    """The draft head graph, its LM head cut to `vocabulary` (None: the whole head)."""
+    if vocabulary is None:
+        return context.program.graphs["draft_head"].module
+    reduced = context.build(config, {DRAFT_VOCABULARY_KEY: vocabulary}, names=("draft_head",))
+    return reduced.graphs["draft_head"].module
 
 
 def _head_parameters(head: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

@@ -46,7 +46,6 @@ from specc.methods.swift.drafter import CompiledSkipSet, SwiftDrafter, build_dra
 from specc.methods.swift.search import describe_skip_set, odd_layers
 from specc.methods.swift.segments import SkippingForward
 from specc.methods.swift.insert_skip_branches import InsertSkipBranches, skip_branches
-from specc.passes.manager import run_passes
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.methods.swift.skip_sublayers import SkipSublayers, SkipSublayersConfig
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY, vocabulary_from_state
@@ -87,11 +86,14 @@ def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
     return graphs
 
 
-def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
+def _compile_state(context, config: SwiftConfig, tokenizer) -> TrainResult:
     """The skip set the engine starts from, for the manifest's `method_state`:
-    the result of SWIFT's search on calibration prompts, or the odd-layer
-    initial set with `calib_prompts=0`. No weights are added."""
-    graph = program.graphs["target"]
+    the result of SWIFT's search on calibration prompts (it scores token
+    agreement, not time, so it runs in eager whatever the engine's backend),
+    or the odd-layer initial set with `calib_prompts=0`; with a `draft`
+    graph, its head cut to the calibration text's most frequent tokens (the
+    only weight added)."""
+    graph = context.program.graphs["target"]
     if config.calib_prompts == 0:
         skip, calibration = odd_layers(tuple(skip_branches(graph.module))), "none (calib_prompts=0)"
     else:
@@ -99,13 +101,11 @@ def _compile_state(program, config: SwiftConfig, tokenizer) -> TrainResult:
 
         search = calibrate(graph, config, tokenizer)
         skip, calibration = search.best, {**search.state.to_json(), "skippable": len(search.sublayers)}
-    head = TrainResult()
-    if DRAFT_GRAPH in program.graphs:
-        _cut_draft_graph(program, skip)
-        head = reduce_draft_head(program, DRAFT_GRAPH, config.draft_vocab_size, config.calib_data, tokenizer, "swift")
-    return TrainResult(weights=head.weights,
-                       state={SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
-                              "swift_calibration": calibration, **head.state})
+    state = {SKIP_SET_KEY: sorted(skip), "swift_skipped_layers": describe_skip_set(skip),
+             "swift_calibration": calibration}
+    head = (reduce_draft_head(context, config, DRAFT_GRAPH, tokenizer, "swift", state) if config.draft_graph
+            else TrainResult())
+    return TrainResult(weights=head.weights, state={**state, **head.state})
 
 
 def _draft_cut(config: SwiftConfig, state: dict) -> list:
@@ -113,13 +113,6 @@ def _draft_cut(config: SwiftConfig, state: dict) -> list:
     head reduced to the calibrated vocabulary (when `draft_vocab_size` asks for it)."""
     return ([SkipSublayers(SkipSublayersConfig(tuple(sorted(state[SKIP_SET_KEY]))))]
             + reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY)))
-
-
-def _cut_draft_graph(program, skip: frozenset[str]) -> None:
-    """The `draft` graph becomes the target without the stored set's sublayers."""
-    cut = SkipSublayers(SkipSublayersConfig(tuple(sorted(skip))))
-    module, records = run_passes(DRAFT_GRAPH, program.graphs[DRAFT_GRAPH].module, [cut])
-    program.replace_graph(DRAFT_GRAPH, module, program.records_of(DRAFT_GRAPH) + records)
 
 
 METHOD = MethodDescriptor(

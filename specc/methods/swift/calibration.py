@@ -42,7 +42,7 @@ COMPILE_SECONDS = 120.0
 
 
 def calibrate(graph: ProgramGraph, config, tokenizer) -> LayerSetSearch:
-    from specc.methods.swift.drafter import build_drafter
+    from specc.methods.swift.drafter import SearchLimit, build_drafter
 
     prompts = calibration_prompts(config, tokenizer)
     max_seq_len = max(map(len, prompts)) + config.calib_max_new_tokens + config.context_window + 1
@@ -56,7 +56,7 @@ def calibrate(graph: ProgramGraph, config, tokenizer) -> LayerSetSearch:
     deadline = time.monotonic() + COMPILE_SECONDS
     bar = tqdm(total=budget, desc="swift skip-set search", unit="try", dynamic_ncols=True, leave=False)
 
-    def tick(*_):
+    def tick():
         bar.n = min(search.state.tries, budget)
         score = search.state.best_score
         bar.set_postfix_str(f"best matchness {score:.3f}" if score is not None else "scoring", refresh=False)
@@ -65,23 +65,13 @@ def calibrate(graph: ProgramGraph, config, tokenizer) -> LayerSetSearch:
     def out_of_budget() -> bool:
         return search.state.tries >= budget or time.monotonic() > deadline
 
-    original_optimize = drafter.optimize_once
-
-    def optimize_once(tokens):
-        if out_of_budget():      # stop searching; drafting goes on with the incumbent
-            drafter._prompt_evaluations = config.max_tries_per_prompt
-            return
-        original_optimize(tokens)
-        tick()
-
-    drafter.optimize_once = optimize_once
-    stop = "budget"
+    drafter.limit_search(SearchLimit(allows=lambda: not out_of_budget(), after_step=tick))
     try:
         for index, ids in enumerate(prompts):
             result = generate(target, drafter, ids, config.calib_max_new_tokens, SamplingConfig(), max_seq_len)
             tokens = ids + result.token_ids
             with torch.inference_mode():
-                while drafter.can_optimize(tokens) and not out_of_budget():
+                while drafter.can_optimize(tokens):
                     drafter.optimize_once(tokens)
             state = search.state
             log.info("swift calibration prompt %d/%d: matchness %s after %d tries (%s)", index + 1, len(prompts),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -31,6 +32,16 @@ class CompiledSkipSet:
     vocabulary: torch.Tensor | None = None   # token id of each row of a reduced head (None: the full head)
 
 
+@dataclass(frozen=True)
+class SearchLimit:
+    """A bound on the skip-set search from outside the run (compile-time calibration's
+    budget): the drafter asks `allows()` before each search step and calls `after_step()`
+    after it."""
+
+    allows: Callable[[], bool]
+    after_step: Callable[[], None] = lambda: None
+
+
 class SwiftDrafter:
     """Drafts with the skipping target; scores candidate skip sets between rounds."""
 
@@ -40,6 +51,7 @@ class SwiftDrafter:
         self.compiled = compiled
         self.config = config
         self.search = search
+        self.limit: SearchLimit | None = None
         self.skippable = search.sublayers
         self._eos = set(draft.architecture.eos_token_ids)
         self._prompt_len = 0
@@ -49,6 +61,10 @@ class SwiftDrafter:
     @property
     def skip_set(self) -> frozenset[str]:
         return self.search.best
+
+    def limit_search(self, limit: SearchLimit) -> None:
+        """Search only while `limit` allows it (drafting goes on with the incumbent set)."""
+        self.limit = limit
 
     def use_skip_set(self, skip: frozenset[str]) -> None:
         """Draft with `skip` from now on (it becomes the search's incumbent)."""
@@ -79,7 +95,8 @@ class SwiftDrafter:
         return (self.config.adapt and self.search.active
                 and self._prompt_evaluations < self.config.max_tries_per_prompt
                 and len(tokens) - self._prompt_len >= window + 1
-                and len(tokens) - 1 + window <= self.draft.cache.max_seq_len)
+                and len(tokens) - 1 + window <= self.draft.cache.max_seq_len
+                and (self.limit is None or self.limit.allows()))
 
     def optimize_once(self, tokens: list[int]) -> None:
         """One search step: re-score the incumbent on this prompt's window
@@ -88,9 +105,11 @@ class SwiftDrafter:
         if not self._rescored:
             self._rescored = True
             self.search.rescore(self.matchness(tokens, self._prompt_len, self.search.best))
-            return
-        candidate = self.search.suggest()
-        self.search.report(candidate, self.matchness(tokens, self._prompt_len, candidate))
+        else:
+            candidate = self.search.suggest()
+            self.search.report(candidate, self.matchness(tokens, self._prompt_len, candidate))
+        if self.limit is not None:
+            self.limit.after_step()
 
     def matchness(self, tokens: list[int], prompt_len: int, skip: frozenset[str]) -> float:
         """Teacher-forced top-1 agreement of the skipping model with the
