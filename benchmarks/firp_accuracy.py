@@ -58,7 +58,7 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
     from specc.methods.firp import FIRPConfig
     from specc.compiler import build_program, training_context
     from specc.contract.descriptor import get_method
-    from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_tensors,
+    from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_tensors, teacher_graph,
                                           train_projections)
     from specc.train.corpus import token_windows
     from specc.train.distill import evaluate
@@ -96,7 +96,7 @@ def measure(source: Path, settings: list[str] = ()) -> dict:
     layers = config.pass_config().resolve(arch.num_layers)
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
-    teacher = WindowTeacher(target, arch, layers, config.teacher_top_k)
+    teacher = WindowTeacher(teacher_graph(build, target, layers), arch, layers, config.teacher_top_k)
     train = [_with_final_hidden(teacher(w), model) for w in windows.train]
     heldout = [_with_final_hidden(teacher(w), model) for w in windows.heldout]
     parameters = projection_tensors(target)

@@ -19,7 +19,7 @@ from specc.contract.descriptor import get_method
 from specc.methods.firp import FIRPConfig
 from specc.methods.firp.config import sized_tree, tree_widths
 from specc.methods.firp.runtime import PSEUDO_LOGITS, PSEUDO_NODES
-from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_parameters,
+from specc.methods.firp.train import (PseudoStudent, WindowTeacher, deep_cuts, projection_parameters, teacher_graph,
                                       train_projections)
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
@@ -325,10 +325,11 @@ def test_the_student_computes_what_inference_computes(llama_program):
     arch = program.graphs["target"].architecture
     layers = FIRPConfig().pass_config().resolve(arch.num_layers)
     window = torch.tensor(varied_prompts(8, 96, seed=4)[6][:12])
-    stored = WindowTeacher(target_graph, arch, layers, 8)(window)
+    def build(recipes):
+        return build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(), MAX_SEQ_LEN, recipes=recipes)
+    stored = WindowTeacher(teacher_graph(build, target_graph, layers), arch, layers, 8)(window)
     parameters = projection_parameters(target_graph)
-    cuts = deep_cuts(lambda recipes: build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(),
-                                                   MAX_SEQ_LEN, recipes=recipes), target_graph, layers)
+    cuts = deep_cuts(build, target_graph, layers)
     students = [PseudoStudent(cuts[t], t, i, parameters[f"firp_proj.{i}.weight"], parameters[f"firp_proj.{i}.bias"])
                 for i, t in enumerate(layers, start=1)]
     trained = []
@@ -358,3 +359,45 @@ def test_training_raises_the_agreement_of_every_step_on_a_trained_model():
     result = train_projections(context, config, load_tokenizer(checkpoint))
     agreement = result.state["heldout_agreement_by_step"]
     assert all(after > before + 0.03 for before, after in zip(agreement["before"], agreement["after"])), agreement
+
+
+def test_the_teacher_graph_returns_the_states_entering_the_pseudo_layers(llama_program):
+    """`expose_layer_inputs` appends, per layer t, the state a shallow cut at t returns, keeps
+    the target's outputs before them, declares the new ones, and changes nothing when run again."""
+    from specc.contract.descriptor import TARGET, GraphRecipe
+    from specc.graph.signature import read_signature
+    from specc.methods.firp import target_passes
+    from specc.methods.firp.expose_layer_inputs import LAYER_INPUT_ROLE, ExposeLayerInputs, LayerInputsConfig
+    from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
+    from specc.methods.firp.train import graph_inputs
+    from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
+    from specc.train.inputs import decoding_inputs
+
+    program, checkpoint = llama_program
+    target, arch = program.graphs["target"].module, program.graphs["target"].architecture
+    layers = (1, 2)
+
+    def build(recipes):
+        return build_program({"target": load_model(checkpoint)}, METHOD, FIRPConfig(), MAX_SEQ_LEN, recipes=recipes)
+    teacher = teacher_graph(build, target, layers)
+    roles = [spec.role for spec in read_signature(teacher).outputs]
+    assert roles == [spec.role for spec in read_signature(target).outputs] + [LAYER_INPUT_ROLE] * len(layers)
+    assert not ExposeLayerInputs(LayerInputsConfig(layers))(teacher).modified
+
+    cuts = build({f"shallow-{t}": GraphRecipe(TARGET, lambda c, t=t: [*target_passes(c), ExposeLayerExit(
+        LayerExitConfig(t, "shallow"))]) for t in layers})
+    window = torch.tensor(varied_prompts(1, 96, seed=12)[0][:9])
+    tokens, positions, mask, slots = decoding_inputs(window, arch.sliding_window)
+    rows = torch.arange(window.numel())[None]
+    values = {"tokens": tokens, "positions": positions, "attention_mask": mask, "cache_slots": slots,
+              PSEUDO_SOURCE_ROLE: rows, PSEUDO_STEP_ROLE: torch.zeros_like(rows)}
+
+    def run(gm):
+        caches = [torch.zeros(1, arch.num_key_value_heads, window.numel() + 1, arch.head_dim)
+                  for _ in range(2 * arch.num_layers)]
+        with torch.no_grad():
+            return gm(*graph_inputs(gm, values, caches))
+    logits, *states = run(teacher)
+    torch.testing.assert_close(logits, run(target)[0], rtol=0, atol=0)
+    for t, state in zip(layers, states):
+        torch.testing.assert_close(state, run(cuts.graphs[f"shallow-{t}"].module)[0], rtol=0, atol=0)

@@ -25,7 +25,6 @@ distillation reports and the time spent.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -34,12 +33,11 @@ import torch
 import torch.fx as fx
 from tqdm import tqdm
 
-from specc.graph.patterns import layer_output
 from specc.graph.signature import read_signature
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, TrainResult
-from specc.graph.nodes import output_node
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
 from specc.methods.firp import target_passes
+from specc.methods.firp.expose_layer_inputs import ExposeLayerInputs, LayerInputsConfig
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE
@@ -82,12 +80,14 @@ def train_projections(context: TrainingContext, config, tokenizer) -> TrainResul
             p.requires_grad_(False)   # the target is frozen
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
-    teacher = WindowTeacher(target, arch, layers, config.teacher_top_k)
+    def build(recipes: dict[str, GraphRecipe]) -> SpeculativeProgram:
+        return context.build_graphs(recipes, config)
+    teacher = WindowTeacher(teacher_graph(build, target, layers), arch, layers, config.teacher_top_k)
     train = [teacher(w) for w in releasing(tqdm(windows.train, desc="firp: running the target once per window",
                                                 unit="window", dynamic_ncols=True))]
     heldout = [teacher(w) for w in releasing(windows.heldout)]
     teacher_seconds = time.perf_counter() - start
-    cuts = deep_cuts(lambda recipes: context.build_graphs(recipes, config), target, layers)
+    cuts = deep_cuts(build, target, layers)
     reports, before, after = [], [], []
     for i, t in enumerate(layers, start=1):
         student = PseudoStudent(cuts[t], t, i, parameters[f"{MODULE}.{i}.weight"], parameters[f"{MODULE}.{i}.bias"])
@@ -142,6 +142,9 @@ def deep_cuts(build: Callable[[dict[str, GraphRecipe]], SpeculativeProgram], tar
     return cuts
 
 
+TEACHER_GRAPH = "firp-teacher"
+
+
 def _cut_name(layer: int) -> str:
     return f"firp-deep-{layer}"
 
@@ -160,14 +163,16 @@ def _share(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
             holder.register_buffer(leaf, tensors[name])
 
 
-def with_exit_outputs(target: fx.GraphModule, exits: list[int]) -> fx.GraphModule:
-    """A copy of `target` that also returns the state leaving layer t - 1 for each t in `exits`
-    (one teacher forward gives the logits and every projection's input)."""
-    gm = fx.GraphModule(target, copy.deepcopy(target.graph))
-    output = output_node(gm.graph)
-    output.args = ((*output.args[0], *(layer_output(gm.graph, t - 1) for t in exits)),)
-    gm.recompile()
-    return gm
+def teacher_graph(build: Callable[[dict[str, GraphRecipe]], SpeculativeProgram], target: fx.GraphModule,
+                  layers: tuple[int, ...]) -> fx.GraphModule:
+    """The target that also returns the state entering each pseudo layer t (`ExposeLayerInputs`:
+    one teacher forward gives the logits and every projection's input), built by `build` from
+    the capture `target` came from, reading `target`'s own projections."""
+    recipe = GraphRecipe(TARGET, lambda c: [*target_passes(c),
+                                            ExposeLayerInputs(LayerInputsConfig(tuple(sorted(set(layers)))))])
+    graph = build({TEACHER_GRAPH: recipe}).graphs[TEACHER_GRAPH].module
+    _share(graph, projection_tensors(target))
+    return graph
 
 
 def graph_inputs(gm: fx.GraphModule, values: dict[str, object], caches: list[torch.Tensor]) -> list:
@@ -178,16 +183,16 @@ def graph_inputs(gm: fx.GraphModule, values: dict[str, object], caches: list[tor
 
 
 class WindowTeacher:
-    """window → `Window`: the frozen target's outputs on it, with room for the pseudo K/V."""
+    """window → `Window`: the frozen target's outputs on it, with room for the pseudo K/V;
+    `graph` is the target returning the states entering the pseudo layers (`teacher_graph`)."""
 
-    def __init__(self, target: fx.GraphModule, arch, layers: tuple[int, ...], top_k: int):
-        self.target = target
+    def __init__(self, graph: fx.GraphModule, arch, layers: tuple[int, ...], top_k: int):
+        self.graph = graph
         self.arch = arch
         self.layers = layers
         self.top_k = top_k
         self.exits = sorted(set(layers))
-        self.with_exits = with_exit_outputs(target, self.exits)
-        self.dtype = next(t.dtype for t in [*target.parameters(), *target.buffers()] if t.is_floating_point())
+        self.dtype = next(t.dtype for t in [*graph.parameters(), *graph.buffers()] if t.is_floating_point())
 
     def __call__(self, window: torch.Tensor) -> Window:
         length = window.numel()
@@ -197,7 +202,7 @@ class WindowTeacher:
                   PSEUDO_SOURCE_ROLE: rows, PSEUDO_STEP_ROLE: torch.zeros_like(rows)}
         with torch.no_grad():
             caches = self._caches(length)
-            logits, *exits = self.with_exits(*graph_inputs(self.target, values, caches))
+            logits, *exits = self.graph(*graph_inputs(self.graph, values, caches))
         hidden = {t: h[0] for t, h in zip(self.exits, exits)}
         kv = [cache if index >= 2 * self.layers[0] else None for index, cache in enumerate(caches)]
         return Window(window, sparse_target(torch.softmax(logits[0].float(), dim=-1), self.top_k), hidden, kv)

@@ -1,0 +1,54 @@
+"""Also return, after the graph's own outputs, the hidden state entering each of some layers.
+
+FIRP's teacher runs the frozen target once per training window and needs, beside the logits,
+the state each projection reads: the one leaving layer t - 1 for every pseudo layer t. This
+pass appends those states to the output tuple (declared with the `layer_input` role), so one
+forward gives them all; the graph is otherwise unchanged. Built only for training
+(`methods/firp/train.py`), never part of an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from specc.errors import UsageError
+from specc.graph.nodes import output_node
+from specc.graph.patterns import layer_output
+from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
+from specc.graph.tidy import tidy
+from specc.passes.base import GraphPass, PassResult
+
+LAYER_INPUT_ROLE = "layer_input"
+
+
+@dataclass(frozen=True)
+class LayerInputsConfig:
+    layers: tuple[int, ...]     # t: return the state entering layer t (leaving layer t - 1)
+
+    def __post_init__(self):
+        if not self.layers or any(t < 1 for t in self.layers):
+            raise UsageError(f"layer inputs {self.layers} must name layers 1 or deeper")
+
+    def to_json(self) -> dict:
+        return {"layers": list(self.layers)}
+
+
+class ExposeLayerInputs(GraphPass):
+    name = "expose_layer_inputs"
+
+    def __init__(self, config: LayerInputsConfig):
+        self.config = config
+
+    def run(self, gm: fx.GraphModule) -> PassResult:
+        output = output_node(gm.graph)
+        declared = [TensorSpec.from_json(spec) for spec in output.meta[OUTPUTS_META]]
+        if any(spec.role == LAYER_INPUT_ROLE for spec in declared):
+            return PassResult.unchanged(gm)
+        states = [layer_output(gm.graph, t - 1) for t in self.config.layers]
+        output.args = ((*output.args[0], *states),)
+        declare_outputs(gm.graph, declared + [TensorSpec(f"layer_{t}_input", LAYER_INPUT_ROLE, "float",
+                                                         (1, "q", "hidden")) for t in self.config.layers])
+        tidy(gm)
+        return PassResult(gm, True, replaced=[output.name])
