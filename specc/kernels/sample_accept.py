@@ -34,6 +34,21 @@ TREE_BLOCK_VOCAB = 256   # a tree compares each block with the children's tokens
 
 
 @triton.jit
+def _target_and_residual(row, draft_row, cols, vocab, had_children, all_tokens, is_child, CHAIN: tl.constexpr):
+    """One vocabulary block of the target's probabilities at the stopping node, and what is left
+    to sample from there: max(p - q, 0) for a chain, p without the rejected children's tokens
+    for a tree of point-mass candidates."""
+    p = tl.load(row + cols, mask=cols < vocab, other=0.0)
+    if CHAIN:
+        q = tl.load(draft_row + cols, mask=(cols < vocab) & had_children, other=0.0)
+        residual = tl.maximum(p - q, 0.0)
+    else:
+        gone = tl.sum(((cols[:, None] == all_tokens[None, :]) & is_child[None, :]).to(tl.int32), 1) > 0
+        residual = tl.where(gone, 0.0, p)
+    return p, residual
+
+
+@triton.jit
 def _sample_accept_kernel(probs, drafts, node_tokens, parents, uniforms, path, token_out, nodes, vocab,
                           stride_p, stride_d, CHAIN: tl.constexpr, BLOCK_NODES: tl.constexpr,
                           BLOCK_VOCAB: tl.constexpr):
@@ -74,13 +89,7 @@ def _sample_accept_kernel(probs, drafts, node_tokens, parents, uniforms, path, t
     plain_total = tl.zeros([], tl.float32)
     for start in range(0, vocab, BLOCK_VOCAB):
         cols = start + tl.arange(0, BLOCK_VOCAB)
-        p = tl.load(row + cols, mask=cols < vocab, other=0.0)
-        if CHAIN:
-            q = tl.load(draft_row + cols, mask=(cols < vocab) & had_children, other=0.0)
-            residual = tl.maximum(p - q, 0.0)
-        else:
-            gone = tl.sum(((cols[:, None] == all_tokens[None, :]) & is_child[None, :]).to(tl.int32), 1) > 0
-            residual = tl.where(gone, 0.0, p)
+        p, residual = _target_and_residual(row, draft_row, cols, vocab, had_children, all_tokens, is_child, CHAIN)
         plain_total += tl.sum(p, 0)
         residual_total += tl.sum(residual, 0)
     plain = residual_total <= 0.0
@@ -90,13 +99,7 @@ def _sample_accept_kernel(probs, drafts, node_tokens, parents, uniforms, path, t
     last_positive = tl.full([], -1, tl.int64)
     for start in range(0, vocab, BLOCK_VOCAB):
         cols = start + tl.arange(0, BLOCK_VOCAB)
-        p = tl.load(row + cols, mask=cols < vocab, other=0.0)
-        if CHAIN:
-            q = tl.load(draft_row + cols, mask=(cols < vocab) & had_children, other=0.0)
-            residual = tl.maximum(p - q, 0.0)
-        else:
-            gone = tl.sum(((cols[:, None] == all_tokens[None, :]) & is_child[None, :]).to(tl.int32), 1) > 0
-            residual = tl.where(gone, 0.0, p)
+        p, residual = _target_and_residual(row, draft_row, cols, vocab, had_children, all_tokens, is_child, CHAIN)
         weights = tl.where(plain, p, residual)
         cumulative = tl.cumsum(weights, 0) + running
         first = tl.min(tl.where((cumulative > target) & (cols < vocab), cols, vocab), 0).to(tl.int64)
