@@ -2,10 +2,9 @@
 graph's head to the most frequent tokens of calibration text.
 
 Only token frequencies are needed (nothing is trained). Counting is cheap
-and more text ranks the rare end of the head better: on SmolLM2's tokenizer
-and the built-in corpus, 8192 rows chosen from 256 windows of 128 tokens
-cover 87.7% of held-out tokens, from 4096 windows 93.2% (about 2 s of
-tokenizing). The held-out share covered is recorded. The chosen ids go to
+and more text ranks the rare end of the head better, so many windows are
+counted (coverage by window count: benchmarks/NOTES.md, "Measurements once
+cited in code"). The held-out share covered is recorded. The chosen ids go to
 the manifest state, where the graph's recipe cuts the head with them
 (`after_training`: the pass is recorded with the graph's other passes,
 `specc inspect`) and the runtime maps drafted rows back to token ids.

@@ -21,7 +21,7 @@ class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibratio
                            "ignored when layers is given")
     layers: tuple[int, ...] = option((), "t_1,...,t_k: decoder layers below each step's projection, "
                                          "non-decreasing in 1..L-1; default: the paper's 15,20,25 of 32 layers "
-                                         "scaled to the model's depth (SmolLM2-135M, 30 layers: 14,19,23)")
+                                         "scaled to the model's depth (30 layers: 14,19,23)")
     tree: str = option("cpu", "draft tree: chain (the top-1 of each step), cpu (widths 2,2,1: the top-2 at "
                               "depths 1 and 2), 16/32/63 (the paper's node budgets: the per-step top-k merged "
                               "into a top-1 chain with sibling fans, e.g. 7,5,3 for 16 nodes), or explicit "
@@ -36,9 +36,7 @@ class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibratio
     train_steps: int = option(100, "training steps per projection at compile time (k projections, trained "
                                    "one after another), one window each; 0 keeps the untrained projections "
                                    "(identity, zero bias). A step backpropagates one window through the "
-                                   "layers above t_i and the LM head: on a model of SmolLM2-135M's shape "
-                                   "about 1.0-1.7 s on one shared CPU core, so the defaults train in about "
-                                   "7-8 minutes")
+                                   "layers above t_i and the LM head (training times: docs/methods/firp.md)")
     train_windows: int = option(32, "distinct training windows: the frozen target runs once on each; its K/V, "
                                     "hidden states at every t_i and top-k next-token probabilities are kept "
                                     "in memory, and each trained step's pseudo K/V is added")

@@ -15,17 +15,15 @@ class KangarooConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibr
     exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
                                 "max(1, round(L/16)), the paper's 2 of 32")
     adapter_mlp: bool = option(True, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "
-                                     "draft block); false is the paper's attention-only adapter. On "
-                                     "SmolLM2-135M the MLP raised held-out top-1 agreement 0.25 -> 0.28 at "
-                                     "equal training")
+                                     "draft block); false is the paper's attention-only adapter (the MLP "
+                                     "raises held-out agreement at equal training: docs/methods/kangaroo.md)")
     max_draft_steps: int = option(6, "most tokens drafted per round (gamma)")
     exit_threshold: float = option(0.6, "stop drafting after a token whose top-1 draft probability is "
                                         "below this (eta); 0 drafts max_draft_steps every round")
     skip_threshold: float = option(0.0, "draft nothing in a round whose first token's top-1 draft probability "
                                         "is below this (the round is a plain step), for hardware where verifying "
                                         "a likely-wrong token costs more than it is expected to win; 0 always "
-                                        "drafts, as the paper. On SmolLM2 over ONNX Runtime (2 cores, Spec-Bench) "
-                                        "0.2 drafted 35% fewer tokens at the same speed (1.01x vs 1.00x none)")
+                                        "drafts, as the paper (measured: docs/methods/kangaroo.md)")
     tree_width: int = option(1, "candidates at a low-confidence depth: 1 drafts a chain; k > 1 adds the "
                                 "adapter's top-k there (a top-1 chain with sibling fans)")
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is "
@@ -35,15 +33,13 @@ class KangarooConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibr
                                          "unchanged); 0, or at least the vocabulary size, keeps the full head")
     # DistillationOptions, with Kangaroo's defaults
     train_steps: int = option(3000, "adapter training steps at compile time, one sequence each "
-                                    "(0 keeps the initial adapter: copies of layer l's attention and MLP); on "
-                                    "SmolLM2-135M, 3000 steps over 768 windows reach 0.36 held-out top-1 "
-                                    "agreement (1200 over 256: 0.28), training in about 8 minutes on 2 cores")
+                                    "(0 keeps the initial adapter: copies of layer l's attention and MLP); "
+                                    "agreement and training time by setting: docs/methods/kangaroo.md")
     train_windows: int = option(768, "distinct training windows (at most train_steps are used): the frozen "
                                      "target runs once on each and its exit states and top-k next-token "
                                      "probabilities are cached; the steps cycle through them")
     learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
-                                        "for far longer runs. On SmolLM2-135M (exit layer 2, 1200 steps) 3e-3 "
-                                        "reached 0.29 held-out top-1 agreement, 1e-3 0.26")
+                                        "for far longer runs (rates compared: benchmarks/NOTES.md)")
 
     def __post_init__(self):
         _check(self.exit_layer >= 0, f"exit_layer={self.exit_layer} must be 0 (automatic) or positive")

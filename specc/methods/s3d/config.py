@@ -18,8 +18,7 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
     skip_ratio: float = option(DEFAULT_SKIP_RATIO, "share of the layers the draft skips, as one centred block of "
                                                    "round(ratio * L) middle layers (first and last layer always "
                                                    "kept). The paper's optimum is about 0.5 on 7B models; small "
-                                                   "models have less redundancy, hence a third by default "
-                                                   "(SmolLM2-135M: layers 10..19 of 30)")
+                                                   "models have less redundancy, hence a third by default")
     skip_layers: tuple[int, ...] = option((), "the skipped block as first,last (inclusive, e.g. 10,19); "
                                               "overrides skip_ratio")
     select: bool = option(True, "choose the skipped block and gamma at compile time by S3D eq. 12 from measured "
@@ -41,12 +40,10 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
                                         "(used only with tree_width > 1)")
     # DistillationOptions, with S3D's defaults and help
     train_steps: int = option(200, "training steps at compile time, one window each (0 keeps the untrained "
-                                   "adapters: B = 0, the mask embedding is the mean token embedding); on "
-                                   "SmolLM2-135M a step backpropagates through the kept layers (about 1-2.5 s "
-                                   "on one shared CPU core), so the default keeps compile under 10 minutes")
+                                   "adapters: B = 0, the mask embedding is the mean token embedding); a step "
+                                   "backpropagates through the kept layers (training times: docs/methods/s3d.md)")
     train_windows: int = option(64, "distinct training windows: the frozen target runs once on each and its KV "
-                                     "(kept layers) and top-k next-token probabilities are kept in memory "
-                                     "(SmolLM2-135M, 128 tokens: about 4 MB per window)")
+                                     "(kept layers) and top-k next-token probabilities are kept in memory")
     learning_rate: float = option(2e-3)
     eval_sequences: int = option(8, "held-out windows for the per-position acceptance estimate")
     seed: int = option(0, "seed for adapter initialisation, data order and mask placement; training is "

@@ -28,8 +28,7 @@ class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
                                     "projections run, as CALM does); mask: later tokens never see that token "
                                     "there (the reference code); finish (mode=ar only): the token's remaining "
                                     "layers run as extra rows beside the next token that goes deeper, so every "
-                                    "K/V read is the dense model's (SmolLM2, 32 Spec-Bench prompts: teacher-"
-                                    "forced agreement 0.984 against propagate's 0.970 at equal speed)")
+                                    "K/V read is the dense model's (measured: docs/methods/specee.md)")
     candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
     exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
                                          "the full head's argmax at that layer is a candidate (the guard). 0: "
@@ -38,8 +37,7 @@ class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
     target_agreement: float = option(0.99, "the teacher-forced agreement the calibrated threshold aims for "
                                            "on the threshold_windows (held-out agreement is reported beside "
                                            "it); above the usual 0.98 goal because the engine drifts from the "
-                                           "dense states these samples see (SmolLM2: 0.984 held-out here, "
-                                           "0.971 in the engine at 0.98)")
+                                           "dense states these samples see (docs/methods/specee.md)")
     first_exit_layer: int = option(0, "the lowest layer with a predictor (0: a third of the way up; exits "
                                       "below it are rare and every predictor layer costs calibration time)")
     offline_layers: int = option(0, "layers in the offline schedule, ranked by exit frequency on calibration "

@@ -26,10 +26,9 @@ class SwiftConfig(MethodConfig, CalibrationOptions):
     max_tries_per_prompt: int = option(100, "at most this many matchness evaluations per prompt (specc's bound "
                                             "on search overhead; the paper has none)")
     adapt: bool = option(False, "keep optimising the skip set at run time (the paper's on-the-fly search); "
-                                "false drafts with the set `specc compile` stored. On SmolLM2 over ONNX Runtime "
-                                "(code prompts) true measured 0.36x none against 0.67x: scoring candidates costs "
+                                "false drafts with the set `specc compile` stored. Scoring candidates costs "
                                 "draft time, and a set adopted at run time drafts with segments, not the "
-                                "compiled draft graph")
+                                "compiled draft graph (measured: docs/methods/swift.md)")
     search_seed: int = option(0, "seed of the random candidates and the GP")
     confidence_threshold: float = option(0.8, "epsilon: stop drafting after a token whose top-1 probability "
                                               "is below this")
@@ -48,9 +47,8 @@ class SwiftConfig(MethodConfig, CalibrationOptions):
     draft_graph: bool = option(True, "compile: add a `draft` graph, the target with the stored skip set cut out "
                                      "(`skip_sublayers`), lowered by the engine's backend; the drafter runs it "
                                      "while it drafts with that set, and segments for any other set (run-time "
-                                     "search); false drafts with segments only. On SmolLM2 over ONNX Runtime "
-                                     "(code prompts) 0.88x none against 0.40x with segments; the graph holds "
-                                     "the kept layers' weights a second time")
+                                     "search); false drafts with segments only (measured: docs/methods/swift.md); "
+                                     "the graph holds the kept layers' weights a second time")
     draft_vocab_size: int = option(8192, "rows of the draft graph's LM head: the most frequent tokens of the "
                                          "calibration text (verification and the segments keep the full head, "
                                          "so output is unchanged); 0, or at least the vocabulary size, keeps "
