@@ -6,7 +6,8 @@ Hugging Face `generate` (dynamic and static cache), side by side in one process.
 
 (`--device cpu` with any checkpoint as `--gguf` rehearses the script on a CPU.)
 
-`tests` runs `pytest -m gpu`. `smollm2` works through backend groups (inductor, then aoti):
+`tests` runs `pytest -m gpu`. `smollm2` works through groups (inductor, then aoti, then
+`none` with `--kernels` beside the inductor `none`, when the budget leaves room):
 it compiles the group's bfloat16 engines for `cuda` (none, prompt-lookup, kangaroo), each while
 the budget leaves room for the group's benchmark, then benchmarks them in a process of their
 own (the inductor group against HF `generate` with a dynamic cache and with
@@ -25,11 +26,31 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-GROUPS = (   # (backend, methods): each group compiles, then is benchmarked in a process of its own
-    ("inductor", ("none", "prompt-lookup", "kangaroo")),
-    ("aoti", ("none", "prompt-lookup", "kangaroo")),
+
+
+@dataclass(frozen=True)
+class Group:
+    """Engines compiled, then benchmarked in a process of their own; `flags` go to every compile
+    of the group, and `beside` names engines of earlier groups benchmarked with it."""
+
+    name: str
+    backend: str
+    methods: tuple[str, ...]
+    flags: tuple[str, ...] = ()
+    beside: tuple[str, ...] = ()
+
+    def engine(self, method: str) -> str:
+        return f"{method}{''.join('+' + f.lstrip('-') for f in self.flags)}-{self.backend}"
+
+
+GROUPS = (
+    Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo")),
+    Group("aoti", "aoti", ("none", "prompt-lookup", "kangaroo")),
+    # specc's Triton attention against the library's, side by side (the kernels issue)
+    Group("kernels", "inductor", ("none",), flags=("--kernels",), beside=("none-inductor",)),
 )
 HF_GROUP = "inductor"   # the group whose benchmark also runs HF generate (dynamic and static cache)
 BENCH_RESERVE_S = 200   # what a group's benchmark needs after its last compile (inductor compiles at load)
@@ -74,35 +95,37 @@ def run_smollm2(args, budget: float) -> int:
         return 2
     start = time.perf_counter()
     report = {"compiles": [], "bench": {}}
-    for backend, methods in GROUPS:
-        compiled = []
-        for method in methods:
-            name = f"{method}-{backend}"
+    built: dict[str, Path] = {}
+    for group in GROUPS:
+        compiled = [f"{name}={built[name]}" for name in group.beside if name in built]
+        for method in group.methods:
+            name = group.engine(method)
             left = budget - (time.perf_counter() - start) - BENCH_RESERVE_S
             if left < 30:
                 report["compiles"].append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})
                 continue
             output = args.out / "engines" / name
             command = [sys.executable, "-X", "faulthandler", "-m", "specc.cli.main", "compile", str(args.gguf),
-                       "--method", method, "--backend", backend, "--dtype", "bfloat16", "--device", args.device,
-                       "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(output), "--force"]
+                       "--method", method, "--backend", group.backend, "--dtype", "bfloat16", "--device", args.device,
+                       "--max-seq-len", str(MAX_SEQ_LEN), *group.flags, "-o", str(output), "--force"]
             code, seconds = _logged(command, args.out / "logs" / f"compile-{name}.log", left)
             report["compiles"].append({"engine": name, "returncode": code, "seconds": round(seconds, 1)})
             if code == 0:
                 compiled.append(f"{name}={output}")
+                built[name] = output
             print(f"gpu_check: compile {name}: rc {code} in {seconds:.0f} s", flush=True)
             _write(args.out / "gpu-check.json", report)
         left = budget - (time.perf_counter() - start)
-        if compiled and left > 60:
+        if any(name in built for name in map(group.engine, group.methods)) and left > 60:
             command = [sys.executable, "-X", "faulthandler", __file__, "bench", "--out", str(args.out),
-                       "--group", backend, "--device", args.device, "--prompts", str(args.prompts),
+                       "--group", group.name, "--device", args.device, "--prompts", str(args.prompts),
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
-                       "--engines", *compiled, *(["--hf"] if backend == HF_GROUP else [])]
-            code, seconds = _logged(command, args.out / "logs" / f"bench-{backend}.log", left)
-            result = args.out / f"bench-{backend}.json"
-            report["bench"][backend] = (json.loads(result.read_text()) if result.is_file() else
-                                        {"error": f"rc {code} after {seconds:.0f} s; see logs/bench-{backend}.log"})
-            print(f"gpu_check: bench {backend}: rc {code} in {seconds:.0f} s", flush=True)
+                       "--engines", *compiled, *(["--hf"] if group.name == HF_GROUP else [])]
+            code, seconds = _logged(command, args.out / "logs" / f"bench-{group.name}.log", left)
+            result = args.out / f"bench-{group.name}.json"
+            failed = {"error": f"rc {code} after {seconds:.0f} s; see logs/bench-{group.name}.log"}
+            report["bench"][group.name] = json.loads(result.read_text()) if result.is_file() else failed
+            print(f"gpu_check: bench {group.name}: rc {code} in {seconds:.0f} s", flush=True)
         _write(args.out / "gpu-check.json", report)
     report["seconds"] = round(time.perf_counter() - start, 1)
     _write(args.out / "gpu-check.json", report)
