@@ -379,30 +379,26 @@ def markdown(report: dict) -> str:
     lines = [f"# specc kernels against SDPA: {report['device']}", "",
              f"torch {report['versions']['torch']}, triton {report['versions']['triton']}; median ms "
              f"(`triton.testing.do_bench`); errors: max abs against a float64 reference; row invariant: row 0 "
-             f"of the q-row call bitwise equal to a 1-row call", "",
-             "| model | dtype | kv | q | kernel ms | SDPA ms | SDPA math ms | kernel / SDPA | kernel error | "
-             "SDPA error | kernel row-invariant | SDPA row-invariant |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in report["attention"]:
-        lines.append(f"| {r['model']} | {r['dtype']} | {r['kv']} | {r['q']} | {r['kernel_ms']} | {r['sdpa_ms']} | "
-                     f"{r['sdpa_math_ms']} | {r['kernel_over_sdpa']} | {r['kernel_error']:.2e} | "
-                     f"{r['sdpa_error']:.2e} | {r['kernel_row_invariant']} | {r['sdpa_row_invariant']} |")
+             f"of the q-row call bitwise equal to a 1-row call", ""]
+    lines += _table(("model", "dtype", "kv", "q", "kernel ms", "SDPA ms", "SDPA math ms", "kernel / SDPA",
+                     "kernel error", "SDPA error", "kernel row-invariant", "SDPA row-invariant"),
+                    [(r["model"], r["dtype"], r["kv"], r["q"], r["kernel_ms"], r["sdpa_ms"], r["sdpa_math_ms"],
+                      r["kernel_over_sdpa"], f"{r['kernel_error']:.2e}", f"{r['sdpa_error']:.2e}",
+                      r["kernel_row_invariant"], r["sdpa_row_invariant"]) for r in report["attention"]])
     lines += ["", "Live length: q rows over a cache of `slots` slots holding `live` tokens (kernel given kv_len) "
-                  "against a `live`-slot cache; bitwise: the kernel's two outputs equal", "",
-              "| model | dtype | slots | live | q | kernel ms (slots) | kernel ms (live) | ratio | SDPA ms (slots) | "
-              "SDPA ms (live) | bitwise |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in report["empty_cache"]:
-        lines.append(f"| {c['model']} | {c['dtype']} | {c['slots']} | {c['live']} | {c['q']} | {c['kernel_full_ms']} | "
-                     f"{c['kernel_live_ms']} | {c['kernel_full_over_live']} | {c['sdpa_full_ms']} | "
-                     f"{c['sdpa_live_ms']} | {c['kernel_bitwise_equal']} |")
+                  "against a `live`-slot cache; bitwise: the kernel's two outputs equal", ""]
+    lines += _table(("model", "dtype", "slots", "live", "q", "kernel ms (slots)", "kernel ms (live)", "ratio",
+                     "SDPA ms (slots)", "SDPA ms (live)", "bitwise"),
+                    [(c["model"], c["dtype"], c["slots"], c["live"], c["q"], c["kernel_full_ms"], c["kernel_live_ms"],
+                      c["kernel_full_over_live"], c["sdpa_full_ms"], c["sdpa_live_ms"], c["kernel_bitwise_equal"])
+                     for c in report["empty_cache"]])
     lines += ["", "Row invariance: calls with q = 1..rows (a chain after `prefix` keys) whose every row is bitwise "
-                  "the same row called alone", "",
-              "| model | dtype | prefix | rows | kernel calls invariant | first kernel failure q | "
-              "SDPA calls invariant | first SDPA failure q |", "|---|---|---|---|---|---|---|---|"]
-    for r in report["row_invariance"]:
-        lines.append(f"| {r['model']} | {r['dtype']} | {r['prefix']} | {r['rows']} | "
-                     f"{r['kernel_invariant_calls']}/{r['rows']} | {r['kernel_first_failure_q']} | "
-                     f"{r['sdpa_invariant_calls']}/{r['rows']} | {r['sdpa_first_failure_q']} |")
+                  "the same row called alone", ""]
+    lines += _table(("model", "dtype", "prefix", "rows", "kernel calls invariant", "first kernel failure q",
+                     "SDPA calls invariant", "first SDPA failure q"),
+                    [(r["model"], r["dtype"], r["prefix"], r["rows"], f"{r['kernel_invariant_calls']}/{r['rows']}",
+                      r["kernel_first_failure_q"], f"{r['sdpa_invariant_calls']}/{r['rows']}",
+                      r["sdpa_first_failure_q"]) for r in report["row_invariance"]])
     for name in ("greedy_accept", "sample_accept"):
         g = report[name]
         if g is not None:
@@ -413,6 +409,12 @@ def markdown(report: dict) -> str:
             f"{key}: {config}" for key, config in report["tree_attention_configs"].items())]
     lines += ["", f"({report['seconds']} s in all{'' if report['sample_accept'] else ', stopped early'})"]
     return "\n".join(lines) + "\n"
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    """A Markdown table: the header, its rule, one line per row."""
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 if __name__ == "__main__":
