@@ -26,7 +26,7 @@ costs one plain forward.
 from __future__ import annotations
 
 from specc.bench.statistics import ctar
-from specc.runtime.speedup_model import s3d_improvement_factor, s3d_tau  # noqa: F401  (re-exported)
+from specc.runtime.speedup_model import improvement_factor, tokens_per_round
 from specc.runtime.stats import GenerationStats
 
 
@@ -112,8 +112,8 @@ def _s3d(engine_stats: list[GenerationStats], gamma: int | None, target: float) 
     steps = sum(s.target_forward_passes - 1 for s in engine_stats)
     overhead = sum(s.wall_seconds - s.prefill_seconds - s.draft_seconds - s.verify_seconds for s in engine_stats)
     alphas = per_depth_acceptance(rounds, gamma)
-    tau = s3d_tau(alphas)
+    tau = tokens_per_round(alphas)
     beta = sum(s.draft_seconds for s in engine_stats) / len(rounds) / target
     delta = max(0.0, overhead) / steps / target
-    return {"improvement_factor": s3d_improvement_factor(tau, delta, beta), "tau": tau, "gamma": gamma,
+    return {"improvement_factor": improvement_factor(tau, delta, beta), "tau": tau, "gamma": gamma,
             "beta": beta, "delta": delta, "per_depth_acceptance": alphas}

@@ -44,7 +44,7 @@ def read_method_config(method, manifest: dict, engine_dir: Path) -> MethodConfig
 def recompile_command(method, manifest: dict, engine_dir: Path) -> str:
     """The `specc compile` command that rebuilds the engine at `engine_dir` from its source
     checkpoint with the manifest's backend, dtype, length and device, naming the extra
-    checkpoints the method needs (`--set draft_model=DIR`); the method's other settings are
+    checkpoints the method needs (`--set FIELD=DIR` per extra source); the method's other settings are
     left to the user (the manifest holds the config after training, not the request)."""
     config = manifest.get("method_config") or {}
     words = ["specc", "compile", str(manifest.get("source_checkpoint", "MODEL")), "--method", method.name]

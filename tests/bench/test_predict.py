@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specc.bench.predict import (draft_depth, per_depth_acceptance, predict, s3d_improvement_factor, s3d_tau,
-                                 swift_expected_speedup)
+from specc.bench.predict import draft_depth, per_depth_acceptance, predict, swift_expected_speedup
+from specc.runtime.speedup_model import improvement_factor, tokens_per_round
 from specc.runtime.stats import GenerationStats
 
 
@@ -21,18 +21,18 @@ def test_swift_eq6_hand_values():
 
 
 def test_s3d_tau_hand_values():
-    assert s3d_tau([0.6]) == pytest.approx(1.6)                 # 1 * 0.4 + 2 * 0.6
-    assert s3d_tau([0.8, 0.5]) == pytest.approx(2.2)            # 0.2 + 2 * 0.8 * 0.5 + 3 * 0.4
-    assert s3d_tau([1.0, 1.0, 1.0]) == pytest.approx(4.0)
-    assert s3d_tau([]) == pytest.approx(1.0)
-    assert s3d_improvement_factor(2.2, 0.1, 0.5) == pytest.approx(2.2 / 1.6)
+    assert tokens_per_round([0.6]) == pytest.approx(1.6)                 # 1 * 0.4 + 2 * 0.6
+    assert tokens_per_round([0.8, 0.5]) == pytest.approx(2.2)            # 0.2 + 2 * 0.8 * 0.5 + 3 * 0.4
+    assert tokens_per_round([1.0, 1.0, 1.0]) == pytest.approx(4.0)
+    assert tokens_per_round([]) == pytest.approx(1.0)
+    assert improvement_factor(2.2, 0.1, 0.5) == pytest.approx(2.2 / 1.6)
 
 
 def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
     rounds = [3, 2, 1, 2, 0]
     alphas = per_depth_acceptance(rounds, 3)
     assert alphas == pytest.approx([0.8, 0.75, 1 / 3])
-    assert s3d_tau(alphas) == pytest.approx(1 + sum(rounds) / len(rounds))
+    assert tokens_per_round(alphas) == pytest.approx(1 + sum(rounds) / len(rounds))
     assert per_depth_acceptance([0, 0], 3) == [0.0, 0.0, 0.0]
 
 

@@ -17,7 +17,7 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
 from specc.contract.descriptor import get_method
 from specc.methods.s3d import S3DConfig
-from specc.runtime.speedup_model import s3d_tau
+from specc.runtime.speedup_model import tokens_per_round
 from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
@@ -249,7 +249,7 @@ def test_eq12_picks_the_block_and_gamma_with_the_largest_predicted_speedup():
     shallow = Candidate((3, 4), None, [0.5] * 3, [0.9, 0.6, 0.3], [0.5, 0.55, 0.6])
     deep = Candidate((2, 5), None, [0.3] * 3, [0.8, 0.4, 0.2], [0.3, 0.33, 0.36])
     for candidate in (shallow, deep):
-        by_gamma = {g: s3d_tau(candidate.agreement[:g]) / (candidate.draft_cost[g - 1] + verify[g])
+        by_gamma = {g: tokens_per_round(candidate.agreement[:g]) / (candidate.draft_cost[g - 1] + verify[g])
                     for g in (1, 2, 3)}
         assert candidate.best_gamma(verify) == max(by_gamma, key=by_gamma.get)
         assert candidate.improvement(2, verify) == pytest.approx(by_gamma[2])

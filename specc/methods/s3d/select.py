@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from specc.contract.descriptor import TrainingContext
-from specc.runtime.speedup_model import s3d_tau
+from specc.runtime.speedup_model import tokens_per_round
 from specc.methods.s3d.skip_middle_layers import middle_block, resolve_block
 from specc.runtime.masks import causal_chunk_mask
 from specc.train.inputs import empty_caches
@@ -60,7 +60,7 @@ class Candidate:
         """Eq. 12 with δ = 0: τ(γ) over the round's draft and verification cost (with the
         pilot's agreement unless another, e.g. after the full training, is given)."""
         agreement = self.agreement if agreement is None else agreement
-        return s3d_tau(agreement[:gamma]) / (self.draft_cost[gamma - 1] + verify_cost[gamma])
+        return tokens_per_round(agreement[:gamma]) / (self.draft_cost[gamma - 1] + verify_cost[gamma])
 
     def best_gamma(self, verify_cost: list[float]) -> int:
         gammas = range(1, len(self.agreement) + 1)
