@@ -28,14 +28,15 @@ from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.context import MethodContext
 from specc.runtime.drafter import Draft, DraftBudget, Drafter, MethodRuntime, Target
-from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
+from specc.runtime.ngram import NgramDrafter
+from specc.runtime.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
 from specc.runtime.verification import Verification
 
 __all__ = [
     "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "ConfigVersionError", "DistillationOptions",
     "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
-    "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "OptimizerOptions",
-    "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target", "TrainingContext",
-    "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification", "infrastructure_passes", "new_nodes",
-    "option", "tree_tensors",
+    "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "NgramDrafter",
+    "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
+    "TrainingContext", "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification",
+    "infrastructure_passes", "new_nodes", "option", "tree_from_parents", "tree_tensors",
 ]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "specc.methods"
 _BUILTIN = ("specc.methods.none", "specc.methods.draft_model", "specc.methods.swift",
             "specc.methods.kangaroo", "specc.methods.specee", "specc.methods.s3d",
-            "specc.methods.firp")
+            "specc.methods.firp", "specc.methods.eagle")
 TARGET = "target"   # the source name of the checkpoint being compiled
 
 

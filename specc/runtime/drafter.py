@@ -21,6 +21,9 @@ class Draft:
     # Named tensors the method's own verifier reads (e.g. states the drafter already
     # computed for some nodes); the plain target ignores them.
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    # [n]: the drafter's estimate that each node is accepted given its parent is (root 1.0), where
+    # it has one; what a composed drafter ranks its branches' chains by (`ComposedDrafter`).
+    node_scores: torch.Tensor | None = None
 
     @property
     def sampled_chain(self) -> bool:

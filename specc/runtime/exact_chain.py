@@ -8,7 +8,8 @@ from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
 
 
 def exact_chain(draft: Draft) -> Draft:
-    """`draft` reduced to its chain: the root and the first node of each depth.
+    """`draft` reduced to its chain: the root and the first-child path below it (a
+    caterpillar's top-1 chain; in any tree, the first-ranked candidate at each step).
 
     Why: a verification row attends over the cache slots its ancestors were
     written to. A chain puts each node in the slot right after its parent, as
@@ -18,11 +19,14 @@ def exact_chain(draft: Draft) -> Draft:
     by that grouping (bfloat16, `Backend.exact_rows`) only chain rows give the
     tokens plain decoding gives."""
     tree = draft.tree
+    # One node per depth is a chain in any tree: each node's parent is the one node above it,
+    # which comes before it, so node i sits at depth i, in the slot after its parent.
     if not isinstance(tree, TreeTensors) or all(width == 1 for width in tree.spec.widths):
         return draft    # a chain already, or a method's own tree type verified by its own target
     if draft.extras:
         raise SpeccError("the drafter proposed a tree carrying method tensors (Draft.extras) although the "
                          "budget asked for a chain (DraftBudget.chain_only); it must draft one node per depth")
     nodes = [0, *tree.chain_nodes]
+    scores = None if draft.node_scores is None else draft.node_scores[nodes]
     return Draft(tree=tree_tensors(TreeSpec.chain(len(nodes) - 1)), node_tokens=draft.node_tokens[nodes],
-                 draft_probs=draft.draft_probs)
+                 draft_probs=draft.draft_probs, node_scores=scores)

@@ -367,7 +367,7 @@ def test_the_teacher_graph_returns_the_states_entering_the_pseudo_layers(llama_p
     from specc.contract.descriptor import TARGET, GraphRecipe
     from specc.graph.signature import read_signature
     from specc.methods.firp import target_passes
-    from specc.methods.firp.expose_layer_inputs import LAYER_INPUT_ROLE, ExposeLayerInputs, LayerInputsConfig
+    from specc.passes.expose_layer_inputs import LAYER_INPUT_ROLE, ExposeLayerInputs, LayerInputsConfig
     from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
     from specc.methods.firp.train import graph_inputs
     from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig

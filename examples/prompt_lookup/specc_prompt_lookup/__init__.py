@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.extension import (TARGET, GraphRecipe, MethodConfig, MethodDescriptor, MethodRuntime, UsageError,
-                             infrastructure_passes, option)
-from specc_prompt_lookup.drafter import NgramDrafter
+from specc.extension import (TARGET, GraphRecipe, MethodConfig, MethodDescriptor, MethodRuntime, NgramDrafter,
+                             UsageError, infrastructure_passes, option)
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,8 @@ class PromptLookupConfig(MethodConfig):
 
 
 def _build_runtime(context, config: PromptLookupConfig) -> MethodRuntime:
-    return MethodRuntime(context.model("target"), NgramDrafter(config))
+    drafter = NgramDrafter(config.max_ngram, config.min_ngram, config.num_draft_tokens, config.tree_width)
+    return MethodRuntime(context.model("target"), drafter)
 
 
 METHOD = MethodDescriptor(

@@ -37,7 +37,7 @@ from specc.graph.signature import read_signature
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, TrainResult
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
 from specc.methods.firp import target_passes
-from specc.methods.firp.expose_layer_inputs import ExposeLayerInputs, LayerInputsConfig
+from specc.passes.expose_layer_inputs import ExposeLayerInputs, LayerInputsConfig
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.contract.program import SpeculativeProgram
 from specc.runtime.cached_model import CACHE_ROLE

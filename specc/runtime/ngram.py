@@ -1,4 +1,13 @@
-"""The n-gram drafter: pure Python over the token list, no model calls."""
+"""The n-gram (prompt lookup) drafter: pure Python over the token list, no model calls.
+
+It drafts the continuation of the latest earlier occurrence of the longest
+suffix of the tokens that occurred before (Saxena 2023, prompt lookup
+decoding); with `tree_width` > 1 each depth also offers the other tokens
+that followed the same suffix, most frequent first. Its drafts are
+deterministic, so the loop's point-mass acceptance keeps any sampling
+lossless. The `prompt-lookup` example method drafts with it alone; a
+composed drafter (`specc.runtime.compose`) can run it beside a model's.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +15,27 @@ from collections import Counter
 
 import torch
 
-from specc.extension import Draft, DraftBudget, TreeSpec, tree_tensors
+from specc.errors import UsageError
+from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 class NgramDrafter:
-    def __init__(self, config):
-        self.config = config
+    """Suffixes of `min_ngram` to `max_ngram` tokens are looked up (longest first); at
+    most `num_draft_tokens` depths are drafted, with up to `tree_width` candidates each."""
+
+    # Its proposals read only the token list and its observe learns nothing, so it may share
+    # a merged draft with other drafters (`ComposedDrafter`).
+    composable = True
+
+    def __init__(self, max_ngram: int, min_ngram: int, num_draft_tokens: int, tree_width: int = 1):
+        if not 1 <= min_ngram <= max_ngram or num_draft_tokens < 1 or tree_width < 1:
+            raise UsageError(f"NgramDrafter needs 1 <= min_ngram ({min_ngram}) <= max_ngram ({max_ngram}), "
+                             f"num_draft_tokens ({num_draft_tokens}) >= 1 and tree_width ({tree_width}) >= 1")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.num_draft_tokens = num_draft_tokens
+        self.tree_width = tree_width
 
     def begin(self, prompt, prefill) -> None:
         """Nothing to reset: every proposal reads the whole token list."""
@@ -20,18 +44,20 @@ class NgramDrafter:
         """Nothing to learn: accepted tokens join the list the next lookup reads."""
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling, generator) -> Draft | None:
-        depth_limit = min(self.config.num_draft_tokens, budget.max_depth)
-        chain = continuation(tokens, self.config.max_ngram, self.config.min_ngram, depth_limit)
+        depth_limit = min(self.num_draft_tokens, budget.max_depth)
+        chain = continuation(tokens, self.max_ngram, self.min_ngram, depth_limit)
         if not chain:
             return None
         levels = [[token] for token in chain]
-        if self.config.tree_width > 1 and not budget.chain_only:
+        if self.tree_width > 1 and not budget.chain_only:
             levels = self._with_siblings(tokens, chain)
         levels = _fit(levels, budget.max_nodes - 1)
         if not levels:
             return None
         nodes = [tokens[-1]] + [token for level in levels for token in level]
-        return Draft(tree=tree_tensors(TreeSpec(tuple(map(len, levels)))), node_tokens=torch.tensor(nodes))
+        # A lookup has no probabilities to estimate its nodes' acceptance with.
+        return Draft(tree=tree_tensors(TreeSpec(tuple(map(len, levels)))), node_tokens=torch.tensor(nodes),
+                     node_scores=None)
 
     def _with_siblings(self, tokens: list[int], chain: list[int]) -> list[list[int]]:
         """At each depth: the chain token, then other tokens that followed the same
@@ -39,8 +65,8 @@ class NgramDrafter:
         levels = []
         for depth, token in enumerate(chain):
             context = tokens + chain[:depth]
-            seen = followers(context, self.config.max_ngram, self.config.min_ngram)
-            others = [t for t, _ in seen.most_common() if t != token][: self.config.tree_width - 1]
+            seen = followers(context, self.max_ngram, self.min_ngram)
+            others = [t for t, _ in seen.most_common() if t != token][: self.tree_width - 1]
             levels.append([token, *others])
         return levels
 

@@ -1,10 +1,11 @@
 """Also return, after the graph's own outputs, the hidden state entering each of some layers.
 
-FIRP's teacher runs the frozen target once per training window and needs, beside the logits,
-the state each projection reads: the one leaving layer t - 1 for every pseudo layer t. This
-pass appends those states to the output tuple (declared with the `layer_input` role), so one
-forward gives them all; the graph is otherwise unchanged. Built only for training
-(`methods/firp/train.py`), never part of an engine.
+A teacher that runs the frozen target once per training window may need, beside the logits,
+states from inside it: FIRP's projections read the state leaving layer t - 1 for every pseudo
+layer t, and `eagle` fuses the states entering a low, a middle and a high layer before its
+fusion is trained. This pass appends those states to the output tuple (declared with the
+`layer_input` role), so one forward gives them all; the graph is otherwise unchanged. Built
+only for training (`methods/firp/train.py`, `methods/eagle/train.py`), never part of an engine.
 """
 
 from __future__ import annotations

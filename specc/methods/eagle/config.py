@@ -1,0 +1,81 @@
+"""The `eagle` method's configuration: fused layers, the draft tree, composition, training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specc.errors import UsageError
+from specc.contract.config import MethodConfig, option
+from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
+
+
+@dataclass(frozen=True)
+class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
+    fused_layers: str = option("", "three target layers whose input states the draft head fuses (low,mid,high, "
+                                   "e.g. 2,15,27; L: the last layer's output); empty picks EAGLE-3's 2, L/2, "
+                                   "L-3")
+    depth: int = option(6, "most draft steps per round (tree depth)")
+    tree_width: int = option(4, "EAGLE-2 dynamic tree: nodes expanded per depth, and the children each one "
+                                "offers; 1 drafts a chain")
+    tree_nodes: int = option(24, "most drafted nodes per round: the best by cumulative draft probability")
+    lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
+                                 "another branch of the same tree")
+    lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches")
+    lookup_tokens: int = option(8, "most tokens the lookup branch drafts")
+    ttt_steps: int = option(3, "training-time test: draft steps the head is unrolled on its own outputs "
+                               "during training")
+    draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
+                                         "training text (verification keeps the full head, so output is "
+                                         "unchanged); 0 keeps the full head")
+    # DistillationOptions, with eagle's defaults
+    train_steps: int = option(2000, "head training steps at compile time, one window each, every window "
+                                    "unrolled ttt_steps deep (0 keeps the initial head)")
+    train_windows: int = option(768, "distinct training windows: the frozen target runs once on each and its "
+                                     "fused-layer states and top-k next-token probabilities are cached")
+    learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95)")
+
+    def __post_init__(self):
+        _check(1 <= self.depth <= 16, f"depth={self.depth} must be between 1 and 16")
+        _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
+        _check(1 <= self.tree_nodes <= 128, f"tree_nodes={self.tree_nodes} must be between 1 and 128")
+        _check(1 <= self.lookup_max_ngram <= 16, f"lookup_max_ngram={self.lookup_max_ngram} must be between "
+                                                 f"1 and 16")
+        _check(1 <= self.lookup_tokens <= 64, f"lookup_tokens={self.lookup_tokens} must be between 1 and 64")
+        _check(1 <= self.ttt_steps <= 8, f"ttt_steps={self.ttt_steps} must be between 1 and 8")
+        _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
+        parse_layers(self.fused_layers)
+        super().__post_init__()
+
+
+def parse_layers(text: str) -> tuple[int, int, int] | None:
+    """`"a,b,c"` as three layer indices; empty: None (chosen from the model's depth)."""
+    if not text.strip():
+        return None
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"fused_layers={text!r} must be three comma-separated layer indices, e.g. 2,15,27") from None
+    _check(len(layers) == 3 and all(t >= 1 for t in layers),
+           f"fused_layers={text!r} must be three layer indices, each 1 or deeper (the state entering that layer)")
+    return layers
+
+
+def default_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's choice (vLLM's and SGLang's default): the states entering layers 2, L/2 and L-3,
+    moved apart in models too shallow for three distinct ones (the EAGLE-3 loaders capture a layer
+    once), and inside 1..L-1 where even that is impossible (fewer than 4 layers)."""
+    if num_layers < 4:
+        def inside(t: int) -> int:
+            return min(max(t, 1), num_layers - 1)
+        return tuple(sorted((inside(2), inside(num_layers // 2), inside(num_layers - 3))))
+    mid = num_layers // 2
+    return min(2, mid - 1), mid, max(num_layers - 3, mid + 1)
+
+
+def fused_layers(config: EagleConfig, num_layers: int) -> tuple[int, int, int]:
+    return parse_layers(config.fused_layers) or default_layers(num_layers)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)

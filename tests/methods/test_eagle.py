@@ -1,0 +1,311 @@
+"""eagle: token-identical to HF greedy on every family and backend, to its bfloat16 `none` engine,
+the target's distribution when sampling, EAGLE-2 dynamic trees, composition with prompt lookup,
+and compile-time training with training-time test that is deterministic."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specc.capture.load import load_model, load_tokenizer
+from specc.cli.main import main
+from specc.compiler import CompileRequest, build_program, compile_engine, training_context
+from specc.contract.descriptor import get_method
+from specc.engine.loaded import load_engine
+from specc.errors import SpeccError, UsageError
+from specc.methods.eagle import EagleConfig
+from specc.methods.eagle.config import default_layers
+from specc.methods.eagle.runtime import build_runtime
+from specc.methods.eagle.train import head_parameters, train_head
+from specc.runtime.context import MethodContext
+from specc.runtime.generate import generate
+from specc.runtime.sampling import SamplingConfig
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
+                                       build_tiny_checkpoint, recording_rounds, sample_calibration_text,
+                                       trained_engines, varied_prompts)
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+NUM_PROMPTS = 20
+TRAIN = ["train_steps=60", "train_seq_len=32", "eval_sequences=2", "eval_every=30", "learning_rate=1e-2",
+         "draft_vocab_size=48"]
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
+    """(family, backend) -> (engine trained for a few steps, target checkpoint)."""
+    return trained_engines("eagle", checkpoints, tmp_path_factory, TRAIN, MAX_SEQ_LEN)
+
+
+def assert_identical(generate_ids, target) -> list:
+    return assert_matches_hf_greedy(generate_ids, target, varied_prompts(NUM_PROMPTS, 96, seed=11), MAX_NEW_TOKENS)
+
+
+def runtime(context: MethodContext, config: EagleConfig):
+    """(target, drafter, rounds) for `config` over the context's graphs; `rounds` records
+    (tree, accepted path) of every speculative round."""
+    return recording_rounds(build_runtime(context, config))
+
+
+def greedy(model, drafter, max_rows=None):
+    return lambda ids: generate(model, drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN, max_rows=max_rows)
+
+
+# --- losslessness ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_matches_hf_greedy(engines, one_thread, family):
+    engine, target = engines(family)
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert 0 < accepted < sum(r.stats.drafted_tokens for r in results)
+    assert sum(r.stats.target_forward_passes for r in results) < sum(r.stats.new_tokens for r in results)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_inductor_matches_hf_greedy(engines, one_thread, family):
+    engine, target = engines(family, "inductor")
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inductor_matches_hf_greedy_on_every_family(engines, one_thread, family):
+    engine, target = engines(family, "inductor")
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_aoti_packages_both_graphs_and_matches_hf_greedy(engines, one_thread, family):
+    engine, target = engines(family, "aoti")
+    packages = {p.name.split(".")[0] for p in (engine.path / "compiled").iterdir()}
+    assert packages == {"head", "target"}
+    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.parametrize("variant", [
+    dict(tree_width=1, depth=4),                       # a chain
+    dict(tree_width=3, tree_nodes=10, depth=4),        # a narrow dynamic tree
+    dict(tree_width=6, tree_nodes=40, depth=6),        # a wide one
+])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_trees_and_chains_match_hf_greedy(engines, one_thread, family, variant):
+    engine, target = engines(family)
+    config = EagleConfig(**variant)
+    model, drafter, rounds = runtime(engine.context, config)
+    assert_identical(greedy(model, drafter), target)
+    trees = [tree for tree, _ in rounds]
+    assert all(len(tree.parent) - 1 <= (config.depth if config.tree_width == 1 else config.tree_nodes)
+               for tree in trees)
+    assert all(tree.spec.depth <= config.depth for tree in trees)
+    if config.tree_width > 1:
+        assert any(not _caterpillar(tree) for tree in trees), "the dynamic tree never left the chain-and-fans shape"
+        assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
+            "no node off the first-child chain was ever accepted; the tree lost coverage"
+
+
+def _caterpillar(tree) -> bool:
+    """Whether only first-child-chain nodes have children (a top-1 chain with sibling fans)."""
+    inner = set(tree.parent[1:])
+    return inner <= {0, *tree.chain_nodes}
+
+
+def test_under_an_exactness_cap_the_tree_config_drafts_chains(engines, one_thread):
+    engine, target = engines("llama")
+    model, drafter, rounds = runtime(engine.context, EagleConfig(tree_width=4, tree_nodes=24, depth=6))
+    assert_identical(greedy(model, drafter, max_rows=4), target)
+    assert rounds and all(tree.spec.widths == (1,) * tree.spec.depth and tree.spec.depth <= 3 for tree, _ in rounds)
+    assert any(tree.spec.depth == 3 for tree, _ in rounds)
+
+
+def test_bfloat16_engine_matches_its_none_engine(checkpoints, tmp_path, one_thread):
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+    tokens = {}
+    for method, settings in (("none", []), ("eagle", [*TRAIN, f"calib_data={calib}"])):
+        compile_engine(CompileRequest(model=str(target), method=method, output=tmp_path / method, dtype="bfloat16",
+                                      max_seq_len=MAX_SEQ_LEN, settings=settings))
+        engine = load_engine(tmp_path / method)
+        results = [engine.generate_ids(ids, MAX_NEW_TOKENS) for ids in varied_prompts(NUM_PROMPTS, 96, seed=11)]
+        tokens[method] = [r.token_ids for r in results]
+        if method == "eagle":
+            assert engine.manifest["lossless"] is True
+            assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert tokens["eagle"] == tokens["none"]
+
+
+# --- composition with prompt lookup ----------------------------------------------
+
+
+@pytest.mark.parametrize("max_rows", [None, 4])
+def test_lookup_branch_shares_the_tree_and_stays_lossless(engines, one_thread, max_rows):
+    engine, target = engines("llama")
+    built = build_runtime(engine.context, EagleConfig(lookup=True, tree_width=2, tree_nodes=8, depth=4))
+    model, drafter = built.target, built.drafter
+    assert_identical(greedy(model, drafter, max_rows), target)
+    report = drafter.method_report()
+    branches = report["branches"]
+    assert set(branches) == {"eagle", "lookup"}
+    assert branches["eagle"]["accepted_tokens"] > 0
+    assert branches["lookup"]["proposed_tokens"] > 0
+
+
+def test_lookup_setting_builds_a_composed_engine(checkpoints, tmp_path, one_thread):
+    target = checkpoints("llama")[0]
+    compile_engine(CompileRequest(model=str(target), method="eagle", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN, settings=["train_steps=0", "lookup=true"]))
+    engine = load_engine(tmp_path / "engine")
+    assert type(engine.drafter).__name__ == "ComposedDrafter"
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+
+
+# --- sampling keeps the target distribution ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A 16-token model with no EOS, its eagle program (untrained head)."""
+    checkpoint = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("vocab16") / "model", seed=3,
+                                       vocab_size=16, eos_token_id=None)
+    model = load_model(checkpoint)
+    program = build_program({"target": model}, get_method("eagle"), EagleConfig(), MAX_SEQ_LEN)
+    return model, program
+
+
+@pytest.mark.parametrize("variant,sampling", [
+    ("chain", SamplingConfig(temperature=1.0)),
+    ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
+    ("lookup", SamplingConfig(temperature=1.0)),
+])
+def test_sampling_matches_the_target_distribution(small_vocab, one_thread, variant, sampling):
+    model, program = small_vocab
+    settings = {"chain": dict(tree_width=1, depth=2), "tree": dict(tree_width=3, tree_nodes=6, depth=2),
+                "lookup": dict(tree_width=2, tree_nodes=4, depth=2, lookup=True, lookup_max_ngram=1)}[variant]
+    context = MethodContext.eager(program, MAX_SEQ_LEN)
+    target, drafter, rounds = runtime(context, EagleConfig(**settings))
+    assert_samples_the_target(model, target, drafter, rounds, sampling, MAX_SEQ_LEN)
+
+
+# --- the engine ------------------------------------------------------------------
+
+
+def test_engine_stores_the_head_and_fusion_with_their_training_report(engines):
+    engine, _ = engines("llama")
+    assert set(engine.manifest["graphs"]) == {"target", "head"}
+    added = load_file(str(engine.path / "weights" / "added.safetensors"))
+    assert "eagle.fc.weight" in added and "eagle.midlayer.self_attn.q_proj.weight" in added
+    assert "draft_head.weight" in added
+    target_buffers = dict(engine.context.modules["target"].named_buffers())
+    assert torch.equal(target_buffers["eagle.fc.weight"], added["eagle.fc.weight"])
+    head_buffers = dict(engine.context.modules["head"].named_buffers())
+    assert torch.equal(head_buffers["eagle.norm.weight"], added["eagle.norm.weight"])
+    hidden = added["eagle.norm.weight"].shape[0]
+    initial = torch.cat([torch.zeros(hidden, 2 * hidden), torch.eye(hidden)], dim=1)
+    assert not torch.allclose(added["eagle.fc.weight"].float(), initial), "training should have moved the fusion"
+    state = engine.method_state
+    assert state["fused_layers"] == list(default_layers(3))
+    training = state["training"]
+    assert training["steps"] == 60 and len(training["heldout_by_depth"]) == 3
+
+
+def test_inspect_shows_the_fused_layers_and_per_depth_agreement(engines, capsys):
+    engine, _ = engines("llama")
+    assert main(["inspect", str(engine.path)]) == 0
+    out = capsys.readouterr().out
+    assert "fused_layers" in out and "heldout_by_depth" in out
+
+
+def test_config_fields_are_documented_and_validated(capsys):
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    for field in ("fused_layers", "tree_width", "tree_nodes", "lookup", "ttt_steps", "calib_data"):
+        assert field in listing
+    for bad in ("tree_width=0", "depth=0", "fused_layers=1,2", "fused_layers=a,b,c", "fused_layers=0,1,2",
+                "ttt_steps=0", "tree_nodes=0"):
+        with pytest.raises(UsageError):
+            EagleConfig.from_assignments([bad])
+
+
+def test_fused_layers_must_exist_in_the_model(checkpoints, tmp_path):
+    request = CompileRequest(model=str(checkpoints("llama")[0]), method="eagle", output=tmp_path / "engine",
+                             settings=["fused_layers=1,2,4", "train_steps=0"])
+    with pytest.raises(SpeccError, match="fused_layers=1,2,4 must name layers 1..3"):
+        compile_engine(request)
+    assert not (tmp_path / "engine").exists()
+
+
+def test_default_layers_follow_eagle3_and_stay_inside_shallow_models():
+    assert default_layers(32) == (2, 16, 29)
+    assert default_layers(30) == (2, 15, 27)
+    assert default_layers(6) == (2, 3, 4) and default_layers(4) == (1, 2, 3)
+    assert default_layers(3) == (1, 1, 2)   # too shallow for three distinct layers
+
+
+# --- compile-time training --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainable(checkpoints, tmp_path_factory):
+    """A llama eagle training context, its initial head and fusion weights, tokenizer, calibration file."""
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path_factory.mktemp("calib") / "calib.txt", sequences=256)
+    context = training_context({"target": load_model(target)}, get_method("eagle"), EagleConfig(), MAX_SEQ_LEN)
+    return context, _weights(context), load_tokenizer(target), calib
+
+
+def _weights(context) -> dict[str, torch.Tensor]:
+    head = head_parameters(context.program.graphs["head"].module)
+    fc = context.program.graphs["target"].module.get_parameter("eagle.fc.weight")
+    return {name: p.detach().clone() for name, p in {**head, "eagle.fc.weight": fc}.items()}
+
+
+def train_from_initial(trainable, *settings: str):
+    context, initial, tokenizer, calib = trainable
+    parameters = {**head_parameters(context.program.graphs["head"].module),
+                  "eagle.fc.weight": context.program.graphs["target"].module.get_parameter("eagle.fc.weight")}
+    with torch.no_grad():
+        for name, p in parameters.items():
+            p.copy_(initial[name])
+    config = EagleConfig.from_assignments([f"calib_data={calib}", "train_seq_len=48", "draft_vocab_size=0",
+                                           *settings])
+    return train_head(context, config, tokenizer)
+
+
+def test_training_with_training_time_test_raises_every_depths_agreement(trainable, one_thread):
+    result = train_from_initial(trainable, "train_steps=200", "learning_rate=1e-2", "eval_every=100")
+    training = result.state["training"]
+    assert training["heldout"][-1]["loss"] < training["heldout"][0]["loss"] - 0.1
+    before, after = training["heldout_by_depth_initial"], training["heldout_by_depth"]
+    assert len(after) == 3 and all(a > b for a, b in zip(after, before)), (before, after)
+    assert training["train_loss_last"] < training["train_loss_first"]
+
+
+def test_training_is_deterministic_for_a_seed(trainable, one_thread):
+    first = train_from_initial(trainable, "train_steps=10", "seed=5")
+    again = train_from_initial(trainable, "train_steps=10", "seed=5")
+    other = train_from_initial(trainable, "train_steps=10", "seed=6")
+    assert set(first.weights) == set(again.weights)
+    assert all(torch.equal(first.weights[n], again.weights[n]) for n in first.weights)
+    assert not all(torch.equal(first.weights[n], other.weights[n]) for n in first.weights)
+
+
+def test_unrolled_steps_see_only_their_own_chain():
+    from specc.methods.eagle.train import unrolled_attention
+
+    mask = unrolled_attention(4, 2, "cpu")[0, 0]
+    # step 3 (index 2): chain p sits at position p + 2, sees step-1 keys 0..p and slots 4 + p, 8 + p
+    assert mask.shape == (2, 12)
+    assert mask[0].nonzero().flatten().tolist() == [0, 4, 8]
+    assert mask[1].nonzero().flatten().tolist() == [0, 1, 5, 9]
+
+
+def test_dataclass_round_trip_keeps_every_field():
+    config = EagleConfig(lookup=True, fused_layers="1,2,2", tree_width=2)
+    assert EagleConfig.from_json(config.to_json()) == config
+    assert dataclasses.asdict(config)["lookup"] is True
