@@ -1,4 +1,4 @@
-"""`specc compile | run | chat | serve | inspect | methods | bench | distill-data | distill-draft`."""
+"""`specc compile | run | chat | serve | inspect | methods | bench | distill-data | distill-draft | export`."""
 
 from __future__ import annotations
 
@@ -57,10 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                "  specc VERB --help      options of one verb")
     parser.add_argument("--version", action="version", version=f"specc {__version__}")
     _global_options(parser, suppress=False)
-    verbs = parser.add_subparsers(dest="verb", required=True,
-                                  metavar="{compile,run,chat,serve,inspect,methods,bench,distill-data,distill-draft}")
+    verbs = parser.add_subparsers(
+        dest="verb", required=True,
+        metavar="{compile,run,chat,serve,inspect,methods,bench,distill-data,distill-draft,export}")
     for add in (_add_compile, _add_run, _add_chat, _add_serve, _add_inspect, _add_methods, _add_bench,
-                _add_distill_data, _add_distill_draft):
+                _add_distill_data, _add_distill_draft, _add_export):
         _global_options(add(verbs), suppress=True)
     return parser
 
@@ -264,6 +265,24 @@ def _add_distill_draft(verbs):
     return p
 
 
+def _add_export(verbs):
+    p = _verb(verbs, "export", "write an engine's trained drafter in another runtime's checkpoint layout",
+              "  specc export engines/eagle --format eagle3 -o drafts/eagle3\n"
+              "  vllm serve MODEL --speculative-config '{\"method\": \"eagle3\", \"model\": \"drafts/eagle3\"}'\n",
+              description="Write the trained head of an engine as a checkpoint another runtime loads. eagle3: an "
+                          "`eagle` engine's head as the EAGLE-3 draft (config.json, model.safetensors) that vLLM's "
+                          "and SGLang's LlamaForCausalLMEagle3 read; the layout was checked against their loader "
+                          "source, not run (docs/export.md).")
+    p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
+    p.add_argument("--format", required=True, choices=["eagle3"], help="checkpoint layout to write")
+    p.add_argument("-o", "--output", required=True, type=Path, help="directory to write")
+    p.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
+    p.add_argument("--target-config", type=Path, default=None, metavar="PATH",
+                   help="the target checkpoint's config.json (or its directory), read for RMSNorm epsilon, RoPE and "
+                        "context length; default: the engine's source checkpoint")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     from specc.console import interrupts
 
@@ -321,6 +340,8 @@ def _dispatch(args) -> int:
         return _distill_data(args)
     if args.verb == "distill-draft":
         return _distill_draft(args)
+    if args.verb == "export":
+        return _export(args)
     raise AssertionError(args.verb)
 
 
@@ -376,6 +397,17 @@ def _distill_draft(args) -> int:
         eval_sequences=args.eval_sequences, teacher_top_k=args.teacher_top_k, learning_rate=args.learning_rate,
         seed=args.seed, force=args.force, device=args.device,
     ))
+    print(f"wrote {args.output}: {report.summary()}")
+    return 0
+
+
+def _export(args) -> int:
+    from specc.export import ExportRequest, export_engine
+
+    report = export_engine(ExportRequest(engine=args.engine, output=args.output, format=args.format,
+                                         force=args.force, target_config=args.target_config))
+    for warning in report.warnings:
+        print(f"specc: warning: {warning}", file=sys.stderr)
     print(f"wrote {args.output}: {report.summary()}")
     return 0
 
