@@ -35,9 +35,10 @@ METHOD_SETTINGS: dict[str, list[str]] = {
     # Exits must happen for the cell to mean anything: a low threshold, every layer scheduled.
     "specee": ["train_steps=10", "train_windows=8", "predictor_windows=4", "eval_sequences=2", "predictor_epochs=2",
                "train_seq_len=32", "eval_every=10", "exit_threshold=0.001", "offline_layers=64"],
+    "eagle": [*_TRAIN, "train_steps=20", "eval_every=20", "draft_vocab_size=48", "tree_width=2", "tree_nodes=8"],
 }
 METHODS = tuple(METHOD_SETTINGS)   # every registered lossless method, `none` first
-TRAINED = ("kangaroo", "firp", "s3d", "specee")   # take calibration text the target samples
+TRAINED = ("kangaroo", "firp", "s3d", "specee", "eagle")   # take calibration text the target samples
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from specc.testing.exactness_matrix import BACKENDS, METHODS, Cell, QuirkyCheckp
 from specc.testing.checkpoints import FAMILIES
 
 # Each method's second family: together they cover every family's quirks.
-PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3")))
+PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3", "phi3")))
 BFLOAT16_FAMILY = "llama"
 # Engines compiled lossy on purpose: FIRP's verifier reads rows past the draft's, which bfloat16
 # backends do not compute exactly (the compiler warns and the manifest says lossless: false).
