@@ -113,6 +113,9 @@ def summarize_group(runs: list[Run], systems: list[System], indices: set[int], r
             entry["time_split"] = st.time_split(stats)
             decode = st.decode_throughput_by_repeat(runs, system.name, indices)
             entry["decode_tokens_per_second"] = st.spread(decode).to_json() if decode else None
+        branches = st.branch_shares([r.method_report for r in mine if r.method_report])
+        if branches is not None:
+            entry["branches"] = branches
         result["systems"][system.name] = entry
         if system.role == "baseline":
             result["speedup"][system.name] = st.speedup(throughput[ENGINE], throughput[system.name]).to_json()

@@ -25,7 +25,7 @@ costs one plain forward.
 
 from __future__ import annotations
 
-from specc.bench.statistics import ctar
+from specc.bench.statistics import per_depth_acceptance
 from specc.runtime.speedup_model import improvement_factor, tokens_per_round
 from specc.runtime.stats import GenerationStats
 
@@ -38,17 +38,6 @@ def swift_expected_speedup(mean_accepted_length: float, acceptance_rate: float, 
         raise ValueError(f"SWIFT eq. 6 needs M >= 1, 0 < α <= 1, c >= 0 and v > 0; got M={m}, α={a}, c={c}, "
                          f"v={verify_cost}")
     return m * a / ((m - 1) * c + a * verify_cost)
-
-
-def per_depth_acceptance(rounds: list[int], gamma: int) -> list[float]:
-    """α_k = CTAR(k) / CTAR(k − 1), CTAR(0) = 1: acceptance of draft token k
-    given tokens 1..k−1 were accepted (0 once nothing reaches depth k − 1)."""
-    rates, previous = [], 1.0
-    for k in range(1, gamma + 1):
-        current = ctar(rounds, k) or 0.0
-        rates.append(current / previous if previous > 0 else 0.0)
-        previous = current
-    return rates
 
 
 def draft_depth(manifest: dict) -> int | None:
@@ -111,7 +100,9 @@ def _s3d(engine_stats: list[GenerationStats], gamma: int | None, target: float) 
     rounds = [a for s in engine_stats for a in s.accepted_per_round]
     steps = sum(s.target_forward_passes - 1 for s in engine_stats)
     overhead = sum(s.wall_seconds - s.prefill_seconds - s.draft_seconds - s.verify_seconds for s in engine_stats)
-    alphas = per_depth_acceptance(rounds, gamma)
+    # every round counted γ deep: an early stop is a rejection, so τ matches the rounds
+    # (0 where no round got that far: the product of α before it is 0 already)
+    alphas = [alpha or 0.0 for alpha in per_depth_acceptance(rounds, [gamma] * len(rounds))]
     tau = tokens_per_round(alphas)
     beta = sum(s.draft_seconds for s in engine_stats) / len(rounds) / target
     delta = max(0.0, overhead) / steps / target

@@ -69,6 +69,8 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
     engine = group["systems"][ENGINE]
     if "acceptance" in engine:
         lines.append("  " + _acceptance_line(engine["acceptance"]))
+        if "branches" in engine:
+            lines.append("  " + branches_line(engine["branches"]))
         lines.append("  " + _split_line(engine["time_split"]))
     if not brief:
         lines += ["  " + line for line in _prediction_lines(group["prediction"])]
@@ -77,10 +79,27 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
 
 def _acceptance_line(acc: dict) -> str:
     m = acc["mean_accepted_length"]
-    ctar = " ".join("—" if v is None else f"{v:.2f}" for v in acc["ctar"].values())
+    ctar = _figures(acc["ctar"].values())
+    by_depth = f"α by depth {_figures(acc['alpha_per_depth'])}  " if acc.get("alpha_per_depth") else ""
     return (f"M {m:.2f} (bonus token counted)  α {_rate(acc.get('step_acceptance_rate'))} per draft step, "
-            f"{_rate(acc['acceptance_rate'])} per drafted token  CTAR(1..6) {ctar}  "
+            f"{_rate(acc['acceptance_rate'])} per drafted token  {by_depth}CTAR(1..6) {ctar}  "
             f"[{acc['draft_rounds']} draft rounds]")
+
+
+def _figures(values) -> str:
+    return " ".join("—" if v is None else f"{v:.2f}" for v in values)
+
+
+def branches_line(branches: dict) -> str:
+    """Each branch's share of the accepted tokens and its own acceptance; the shares may add
+    up to more than 100%, since a node several branches drafted counts for each."""
+    parts = []
+    for name, branch in branches["branches"].items():
+        share = branch["share_of_accepted"]
+        parts.append(f"{name} {'n/a' if share is None else f'{share:.0%}'} "
+                     f"(α {_rate(branch['acceptance_rate'])} of {branch['proposed_tokens']} proposed)")
+    return (f"branches, share of the {branches['accepted_tokens']} accepted tokens: {', '.join(parts)}  "
+            f"(a token several branches drafted counts for each)")
 
 
 def _rate(value: float | None) -> str:

@@ -2,7 +2,9 @@
 
 Within a repeat, each prompt is run by all systems back to back, in an order
 rotated per prompt and repeat, so slow drifts of the machine (heat, other
-load) spread over all systems instead of landing on one.
+load) spread over all systems instead of landing on one. A system's method
+report is taken after each of its runs, outside the timing, and once after
+its warm-up to discard what the warm-up counted.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ class Run:
     stats: GenerationStats | None
     rss_before_bytes: int | None = None
     peak_rss_bytes: int | None = None
+    method_report: dict | None = None   # the method's own report on this generation, if it made one
 
     def to_json(self) -> dict:
         return {"system": self.system, "prompt_index": self.prompt_index, "repeat": self.repeat,
                 "seconds": round(self.seconds, 6), "new_tokens": len(self.token_ids),
                 "tokens_per_second": round(len(self.token_ids) / self.seconds, 3) if self.seconds > 0 else None,
                 "rss_before_bytes": self.rss_before_bytes, "peak_rss_bytes": self.peak_rss_bytes,
-                "stats": self.stats.to_json() if self.stats is not None else None}
+                "stats": self.stats.to_json() if self.stats is not None else None,
+                "method_report": self.method_report}
 
 
 def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: int, memory: MemoryProbe,
@@ -48,6 +52,7 @@ def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: in
         for system in systems:
             progress.set_postfix_str(f"warm-up {system.name}")
             system.generate(prompts[0])
+            take_method_report(system)   # the warm-up's counts are not a run's
             progress.update()
         for repeat in range(repeats):
             if between_repeats is not None:
@@ -67,7 +72,16 @@ def timed_run(system: System, prompt_ids: list[int], index: int, repeat: int, me
     start = time.perf_counter()
     token_ids, stats = system.generate(prompt_ids)
     seconds = time.perf_counter() - start
-    return Run(system.name, index, repeat, seconds, token_ids, stats, rss_before, memory.peak())
+    peak = memory.peak()
+    return Run(system.name, index, repeat, seconds, token_ids, stats, rss_before, peak, take_method_report(system))
+
+
+def take_method_report(system: System) -> dict | None:
+    """The system's method report on its generations since the last call; None when it has
+    no method report or reported nothing."""
+    if system.take_method_report is None:
+        return None
+    return system.take_method_report() or None
 
 
 def _rotated(items: list, shift: int) -> list:

@@ -1,5 +1,6 @@
-"""Figures from timed runs: spreads over repeats, speedups, pooled acceptance,
-time split, and the token-identity check.
+"""Figures from timed runs: spreads over repeats, speedups, pooled acceptance
+(per depth too), time split, the token-identity check, and a composed
+drafter's branch shares.
 
 Throughput of a system over a group of prompts is computed per repeat as
 total new tokens / total seconds; spreads are taken over repeats. Acceptance
@@ -94,22 +95,53 @@ def ctar(rounds: list[int], w: int) -> float | None:
     return sum(a >= w for a in rounds) / len(rounds) if rounds else None
 
 
+def per_depth_acceptance(accepted_per_round: list[int], depth_per_round: list[int]) -> list[float | None]:
+    """α_d for d = 1 … the deepest round: the acceptance at depth d given the
+    draft went that deep and depths 1..d − 1 were accepted.
+
+    A round that drafted D deep (`GenerationStats.draft_steps_per_round`, a
+    tree's depth, a chain's length) and accepted a tokens reached depth d when
+    d ≤ D and a ≥ d − 1, and accepted there when a ≥ d; α_d = accepted / reached
+    over all rounds, None where no round reached d. For chains this is the
+    share of rounds that drafted a d-th token after accepting the first d − 1
+    that also accepted it. A tree reaches d on depth alone: an accepted path
+    ending at a leaf shallower than the tree counts as a rejection below it
+    (the statistics keep the tree's depth, not each path's).
+
+    Giving every round the same depth γ counts a drafter's early stop as a
+    rejection, α_d = CTAR(d) / CTAR(d − 1): the convention under which S3D's
+    τ(γ) reproduces the measured tokens per round."""
+    if len(accepted_per_round) != len(depth_per_round):
+        raise ValueError(f"{len(accepted_per_round)} rounds of accepted counts against {len(depth_per_round)} "
+                         f"draft depths; GenerationStats records one of each per draft round")
+    deepest = max(depth_per_round, default=0)
+    reached, accepted = [0] * deepest, [0] * deepest
+    for tokens, depth in zip(accepted_per_round, depth_per_round):
+        for d in range(1, min(depth, tokens + 1) + 1):
+            reached[d - 1] += 1
+            accepted[d - 1] += tokens >= d
+    return [a / r if r else None for a, r in zip(accepted, reached)]
+
+
 def acceptance(stats: list[GenerationStats]) -> dict:
-    """M (bonus token counted), α per drafted token (every tree node) and per
-    draft step (tree depth, the papers' α), CTAR pooled over generations, and
-    the histogram of accepted draft tokens per round."""
+    """M (bonus token counted), α per drafted token (every tree node), per
+    draft step (tree depth, the papers' α) and per depth (`per_depth_acceptance`),
+    CTAR pooled over generations, and the histogram of accepted draft tokens
+    per round."""
     new_tokens = sum(s.new_tokens for s in stats)
     forwards = sum(s.target_forward_passes for s in stats)
     drafted = sum(s.drafted_tokens for s in stats)
     steps = sum(s.draft_steps for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
     rounds = [a for s in stats for a in s.accepted_per_round]
+    depths = [d for s in stats for d in s.draft_steps_per_round]
     histogram = Counter(rounds)
     return {
         "mean_accepted_length": new_tokens / forwards if forwards else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "step_acceptance_rate": accepted / steps if steps else None,
         "draft_steps": steps,
+        "alpha_per_depth": per_depth_acceptance(rounds, depths),
         "ctar": {str(w): ctar(rounds, w) for w in CTAR_WINDOWS},
         "draft_rounds": len(rounds),
         "drafted_tokens": drafted,
@@ -156,3 +188,27 @@ def decode_throughput_by_repeat(runs: list["Run"], system: str, prompt_indices: 
             by_repeat.setdefault(run.repeat, []).append(run.stats)
     figures = [decode_throughput(by_repeat[r]) for r in sorted(by_repeat)]
     return None if not figures or None in figures else figures
+
+
+def branch_shares(reports: list[dict]) -> dict | None:
+    """Where a composed drafter's accepted tokens came from, over the runs' method reports
+    that have "branches" (`ComposedDrafter.method_report`; None when none has): each branch's
+    counts summed over them, its share of all accepted tokens and its own acceptance
+    (accepted / proposed). A node several branches drafted counts for each of them, so the
+    shares may add up to more than 1."""
+    composed = [r for r in reports if "branches" in r]
+    if not composed:
+        return None
+    total = sum(r["accepted_tokens"] for r in composed)
+    sums: dict[str, Counter] = {}
+    for report in composed:
+        for name, counts in report["branches"].items():
+            # the counts only: a branch's own report ("method") stays with its run
+            sums.setdefault(name, Counter()).update(
+                {k: v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)})
+    branches = {}
+    for name, counts in sums.items():
+        accepted, proposed = counts["accepted_tokens"], counts["proposed_tokens"]
+        branches[name] = {**counts, "share_of_accepted": accepted / total if total else None,
+                          "acceptance_rate": accepted / proposed if proposed else None}
+    return {"accepted_tokens": total, "runs": len(composed), "branches": branches}

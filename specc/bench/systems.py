@@ -2,7 +2,8 @@
 
 Every system decodes greedily from the same token ids, so outputs can be
 compared token by token. Hugging Face systems return no statistics; specc
-engines return their `GenerationStats`.
+engines return their `GenerationStats`, and their method's own report
+(`specc.runtime.method_report`) is taken after each generation.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from specc.runtime.method_report import method_report
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.stats import GenerationStats
 
@@ -34,6 +36,9 @@ class System:
     generate: GenerateFn
     weights_bytes: int
     config: dict = field(default_factory=dict)
+    # What the method reports about the generations since the last call, its counts then
+    # starting again ({}: nothing to report); None for systems with no method of their own.
+    take_method_report: Callable[[], dict] | None = None
 
     def describe(self) -> dict:
         return {"name": self.name, "label": self.label, "role": self.role,
@@ -72,7 +77,8 @@ def engine_system(name: str, label: str, role: str, engine, max_new_tokens: int)
 
     config = {"path": str(engine.path), "method": engine.manifest["method"],
               "method_config": engine.manifest["method_config"], "backend": engine.backend.name}
-    return System(name, label, role, generate, engine_weights_bytes(engine.path), config)
+    return System(name, label, role, generate, engine_weights_bytes(engine.path), config,
+                  take_method_report=lambda: method_report(engine.runtime))
 
 
 def engine_weights_bytes(path: Path) -> int:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specc.errors import UsageError
+from specc.runtime.method_report import method_report
 
 
 def read_prompts(prompts: list[str], prompt_files: list[Path], stdin=None) -> list[str]:
@@ -104,16 +105,6 @@ def run(args) -> int:
 def _write(piece: str) -> None:
     sys.stdout.write(piece)
     sys.stdout.flush()
-
-
-def method_report(runtime) -> dict:
-    """What the method's own runtime reports about the last generation (`method_report()` on its
-    drafter or target, if it has one), e.g. per-token exit layers."""
-    for part in (runtime.drafter, runtime.target):
-        report = getattr(part, "method_report", None)
-        if report is not None:
-            return report()
-    return {}
 
 
 def _print_stats(s) -> None:

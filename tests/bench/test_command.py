@@ -69,3 +69,39 @@ def test_bench_says_when_drafts_are_capped_for_exactness(draft_engine, tmp_path,
     assert any(note.startswith("drafts capped at 2 nodes") for note in doc["notes"])
     engine_runs = [r["stats"] for r in doc["runs"] if r["system"] == "engine"]
     assert engine_runs and all(r["drafted_tokens"] <= r["draft_rounds"] for r in engine_runs)
+
+
+def test_bench_reports_alpha_by_depth_and_a_composed_drafters_branch_shares(draft_engine, tmp_path, capsys,
+                                                                             monkeypatch):
+    """The engine's drafter swapped for two composed lookup drafters: the branch counts of the
+    timed runs (not the warm-up's) add up to the accepted tokens the statistics count."""
+    import specc.engine.loaded as loaded
+    from specc.runtime.compose import ComposedDrafter
+    from specc.runtime.ngram import NgramDrafter
+
+    load = loaded.load_engine
+
+    def load_composed(path, *args, **kwargs):
+        engine = load(path, *args, **kwargs)
+        if path == draft_engine:
+            engine.runtime.drafter = ComposedDrafter({"long": NgramDrafter(3, 2, 4),
+                                                      "short": NgramDrafter(1, 1, 2)})
+        return engine
+
+    monkeypatch.setattr(loaded, "load_engine", load_composed)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w12 w5 w9 w12 w5 w9"}\n{"prompt": "w7 w8 w7 w8 w7"}\n')
+    out_json = tmp_path / "bench.json"
+    code = main(["bench", str(draft_engine), "--prompts", str(prompts), "--max-new-tokens", "12",
+                 "--repeats", "1", "--json", str(out_json)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(out_json.read_text())
+    engine = doc["overall"]["systems"]["engine"]
+    acceptance, branches = engine["acceptance"], engine["branches"]
+    assert len(acceptance["alpha_per_depth"]) >= 1 and "α by depth" in captured.out
+    assert branches["runs"] == 2 and set(branches["branches"]) == {"long", "short"}
+    assert branches["accepted_tokens"] == acceptance["accepted_tokens"]
+    assert sum(b["proposed_tokens"] for b in branches["branches"].values()) >= acceptance["drafted_tokens"] > 0
+    assert f"branches, share of the {branches['accepted_tokens']} accepted tokens: long " in captured.out
+    assert all(run["method_report"] is None for run in doc["runs"] if run["system"] != "engine")

@@ -38,6 +38,7 @@ def _speculative(corrupt_prompt: int | None):
         rounds = [2, 1, 0]
         stats = GenerationStats(new_tokens=len(out), target_forward_passes=len(out) - sum(rounds),
                                 drafted_tokens=6, accepted_tokens=sum(rounds), accepted_per_round=rounds,
+                                draft_steps_per_round=[2, 2, 2],
                                 draft_seconds=1e-3, verify_seconds=1e-3, prefill_seconds=1e-3, wall_seconds=4e-3)
         return out, stats
     return generate
@@ -97,6 +98,8 @@ def test_document_schema():
     assert engine["acceptance"]["mean_accepted_length"] == pytest.approx(6 / 3)   # every prompt: 6 new, 3 forwards
     assert engine["acceptance"]["acceptance_rate"] == pytest.approx(0.5)
     assert engine["acceptance"]["ctar"]["1"] == pytest.approx(2 / 3)
+    assert engine["acceptance"]["alpha_per_depth"] == pytest.approx([2 / 3, 1 / 2])   # chains of 2: [2, 1, 0]
+    assert "branches" not in engine    # no method report, no branch shares
     assert set(engine["time_split"]["share"]) == {"draft", "verify", "prefill", "other"}
     assert set(overall["prediction"]) >= {"swift_eq6", "s3d_eq12", "measured", "target_forward_seconds"}
     assert set(doc["memory"]["systems"]) == {HF_GREEDY, HF_PROMPT_LOOKUP, SPECC_NONE, ENGINE}
@@ -125,11 +128,61 @@ def test_report_and_chart(tmp_path):
     text = format_report(doc)
     for expected in ("== code (2 prompts) ==", "== overall (3 prompts) ==", "HF generate, greedy", "CTAR(1..6)",
                      "predicted, SWIFT eq. 6", "predicted, S3D eq. 12", "measured over specc none",
-                     "memory (", "note: a note"):
+                     "memory (", "note: a note", "α by depth 0.67 0.50  CTAR"):
         assert expected in text
+    assert "branches" not in text
     chart = tmp_path / "chart.png"
     write_chart(doc, chart)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _composed(report_calls: list):
+    """A fake engine with a composed drafter: every generation counts one round per prompt token,
+    and its method report (taken after each run and after the warm-up) starts them again."""
+    counted = {"rounds": 0}
+
+    def generate(prompt_ids):
+        counted["rounds"] += len(prompt_ids)
+        return _speculative(None)(prompt_ids)
+
+    def take_method_report():
+        rounds, counted["rounds"] = counted["rounds"], 0
+        report_calls.append(rounds)
+        branch = {"accepted_tokens": rounds, "proposed_tokens": 4 * rounds, "rounds_chosen": rounds,
+                  "rounds_drafted": rounds}
+        return {"branches": {"eagle": branch, "lookup": {**branch, "accepted_tokens": 0}}, "accepted_tokens": rounds}
+    return System(ENGINE, "specc composed", "engine", generate, 120, take_method_report=take_method_report)
+
+
+def test_branch_shares_are_summed_over_timed_runs_and_printed():
+    calls = []
+    systems = [System(HF_GREEDY, "HF generate, greedy", "baseline", lambda ids: (_greedy(ids), None), 100),
+               System(SPECC_NONE, "specc none", "baseline", _plain, 100), _composed(calls)]
+    runs = run_interleaved(systems, PROMPTS, repeats=2, memory=MemoryProbe(), show_progress=False)
+    assert calls[0] == len(PROMPTS[0]) and len(calls) == 1 + 2 * len(PROMPTS)   # the warm-up's, discarded
+    assert [r.method_report for r in runs if r.system == HF_GREEDY] == [None] * len(PROMPTS) * 2
+    engine_runs = [r for r in runs if r.system == ENGINE]
+    assert [r.method_report["accepted_tokens"] for r in engine_runs] == [len(PROMPTS[r.prompt_index]) for r in engine_runs]
+    prompts = [{"index": i, "category": c, "prompt_tokens": len(p), "preview": "x"}
+               for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))]
+    doc = build_document(
+        engine_manifest={"method": "eagle", "method_config": {}, "lossless": True, "backend": "eager",
+                         "dtype": "float32", "max_seq_len": 64, "graphs": {"target": {}}},
+        engine_path="/engines/fake", machine={}, versions={}, model_info={"checkpoint": "/c", "model_type": "llama",
+                                                                          "parameters": 1000},
+        settings={"prompt_set": "test", "num_prompts": 3, "max_new_tokens": 8, "repeats": 2},
+        prompts=prompts, systems=systems, runs=runs, memory=MemoryProbe(), notes=[])
+    branches = doc["overall"]["systems"][ENGINE]["branches"]
+    assert branches["accepted_tokens"] == 2 * sum(len(p) for p in PROMPTS) == 18 and branches["runs"] == 6
+    assert branches["branches"]["eagle"]["share_of_accepted"] == 1.0
+    assert branches["branches"]["lookup"]["share_of_accepted"] == 0.0
+    assert doc["categories"]["math"]["systems"][ENGINE]["branches"]["accepted_tokens"] == 2 * len(PROMPTS[1])
+    assert "branches" not in doc["overall"]["systems"][SPECC_NONE]
+    assert all((run["method_report"] is not None) == (run["system"] == ENGINE) for run in doc["runs"])
+    text = format_report(doc)
+    assert ("branches, share of the 18 accepted tokens: eagle 100% (α 0.250 of 72 proposed), "
+            "lookup 0% (α 0.000 of 72 proposed)  (a token several branches drafted counts for each)") in text
+    assert text.count("branches, share of") == 3   # each category and overall
 
 
 def test_bench_exits_3_when_a_lossless_engine_differs_from_hf(monkeypatch, tmp_path, capsys):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specc.bench.predict import draft_depth, per_depth_acceptance, predict, swift_expected_speedup
+from specc.bench.predict import draft_depth, predict, swift_expected_speedup
+from specc.bench.statistics import per_depth_acceptance
 from specc.runtime.speedup_model import improvement_factor, tokens_per_round
 from specc.runtime.stats import GenerationStats
 
@@ -29,11 +30,24 @@ def test_s3d_tau_hand_values():
 
 
 def test_tau_from_measured_rounds_is_one_plus_mean_accepted():
+    # every round counted γ = 3 deep, as the S3D prediction counts them: α_k = CTAR(k) / CTAR(k - 1)
     rounds = [3, 2, 1, 2, 0]
-    alphas = per_depth_acceptance(rounds, 3)
+    alphas = per_depth_acceptance(rounds, [3] * len(rounds))
     assert alphas == pytest.approx([0.8, 0.75, 1 / 3])
     assert tokens_per_round(alphas) == pytest.approx(1 + sum(rounds) / len(rounds))
-    assert per_depth_acceptance([0, 0], 3) == [0.0, 0.0, 0.0]
+    assert per_depth_acceptance([0, 0], [3, 3]) == [0.0, None, None]   # nothing got past depth 1
+
+
+def test_s3d_counts_an_early_stop_as_a_rejection():
+    # rounds drafted 3, 1 and 3 deep: the report's α_2 leaves the 1-deep round out, S3D's counts it
+    baseline = [GenerationStats(new_tokens=11, target_forward_passes=11, verify_seconds=1.0)]
+    engine = [GenerationStats(new_tokens=8, target_forward_passes=4, drafted_tokens=7, accepted_tokens=4,
+                              accepted_per_round=[3, 1, 0], draft_steps_per_round=[3, 1, 3], draft_seconds=0.3,
+                              wall_seconds=1.0)]
+    assert per_depth_acceptance([3, 1, 0], [3, 1, 3]) == pytest.approx([2 / 3, 1.0, 1.0])
+    s3d = predict(engine, baseline, 3)["s3d_eq12"]
+    assert s3d["per_depth_acceptance"] == pytest.approx([2 / 3, 0.5, 1.0])
+    assert s3d["tau"] == pytest.approx(1 + 4 / 3)
 
 
 def test_draft_depth_is_what_the_method_declares_for_its_config():
