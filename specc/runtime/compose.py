@@ -15,7 +15,11 @@ Two kinds of draft are not merged:
   the larger expected accepted length, sum over depths d of the product of
   the acceptance estimates of depths 1..d. A branch's estimates are its
   `Draft.node_scores` where it gives them, else its acceptance per depth
-  measured in this engine so far. Ties go to the primary.
+  measured in this engine so far. Ties go to the primary. Branches are then
+  asked cheapest first (`draft_cost`), and a costlier one is not asked at
+  all in a round where a chain already drafted promises more than that
+  branch's measured acceptance delivers per round: a model drafter is
+  spared when the lookup has copied a span that has been holding.
 - A sampled chain (`Draft.draft_probs`) is verified alone, the first
   branch's that returns one: its Leviathan acceptance needs the q every
   node was drawn from, which other branches' nodes do not have.
@@ -59,6 +63,7 @@ class BranchCounts:
     proposed_tokens: int = 0   # verified nodes the branch had drafted
     rounds_chosen: int = 0     # rounds whose verified draft held some of its nodes (chain_only: its chain)
     rounds_drafted: int = 0    # rounds it returned a draft in
+    rounds_skipped: int = 0    # chain-only rounds it was not asked in: a cheaper branch's chain promised more
 
 
 @dataclass
@@ -161,8 +166,11 @@ class ComposedDrafter:
 
     def _branch_drafts(self, tokens, budget, sampling, generator) -> dict[str, Draft]:
         drafts = {}
-        for name, drafter in self.branches.items():
-            draft = drafter.propose(tokens, budget, sampling, generator)
+        for name in self._asking_order(budget):
+            if budget.chain_only and drafts and self._outdrafted(name, drafts, budget):
+                self.counts[name].rounds_skipped += 1
+                continue
+            draft = self.branches[name].propose(tokens, budget, sampling, generator)
             if draft is None:
                 continue
             if draft.extras:
@@ -172,7 +180,25 @@ class ComposedDrafter:
                     f"it. Compose only drafters whose drafts are tokens alone")
             drafts[name] = draft
             self.counts[name].rounds_drafted += 1
-        return drafts
+        return {name: drafts[name] for name in self.branches if name in drafts}
+
+    def _asking_order(self, budget: DraftBudget) -> list[str]:
+        """Branch order for asking: under `chain_only`, where one chain is verified, the cheapest
+        first (a drafter's `draft_cost`, default 1; the n-gram drafter's is 0), so a costly branch
+        can be spared when a cheap one already offers more than it usually delivers."""
+        names = list(self.branches)
+        if not budget.chain_only:
+            return names
+        return sorted(names, key=lambda name: getattr(self.branches[name], "draft_cost", 1.0))
+
+    def _outdrafted(self, name: str, drafts: dict[str, Draft], budget: DraftBudget) -> bool:
+        """Whether the best chain drafted so far promises a longer accepted length than branch
+        `name` has delivered per round at this depth (its measured acceptance per depth)."""
+        depth = min(budget.max_depth, budget.max_nodes - 1)
+        usual = expected_accepted_length([self.measured[name].rate(d) for d in range(1, depth + 1)])
+        best = max(expected_accepted_length(self._estimates(other, exact_chain(draft)))
+                   for other, draft in drafts.items())
+        return usual < best
 
     def _compose(self, drafts: dict[str, Draft], budget: DraftBudget) -> tuple[Draft | None, tuple[str, ...]]:
         """The draft to verify and the branches it came from."""

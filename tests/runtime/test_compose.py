@@ -193,8 +193,10 @@ def test_every_branch_observes_the_verified_round_and_is_credited_for_its_nodes(
     assert primary.seen == other.seen == [(draft, acceptance, verification)]
     report = composed.method_report()
     assert report == {"accepted_tokens": 3, "branches": {
-        "primary": {"accepted_tokens": 2, "proposed_tokens": 3, "rounds_chosen": 1, "rounds_drafted": 1},
-        "other": {"accepted_tokens": 3, "proposed_tokens": 4, "rounds_chosen": 1, "rounds_drafted": 1}}}
+        "primary": {"accepted_tokens": 2, "proposed_tokens": 3, "rounds_chosen": 1, "rounds_drafted": 1,
+                                   "rounds_skipped": 0},
+        "other": {"accepted_tokens": 3, "proposed_tokens": 4, "rounds_chosen": 1, "rounds_drafted": 1,
+                                   "rounds_skipped": 0}}}
     assert composed.method_report()["branches"]["primary"]["rounds_drafted"] == 0, "a report starts the counts again"
 
 
@@ -219,12 +221,15 @@ def test_a_branch_report_is_included_under_its_name():
 
 
 def test_under_chain_only_only_the_chosen_branch_counts_as_chosen():
-    composed = ComposedDrafter({"a": chain(5, 6, scores=[0.9, 0.9]), "b": chain(5, 7, scores=[0.1, 0.1])})
+    # a's chain promises less than b's prior, so b is asked too (and then loses to a)
+    composed = ComposedDrafter({"a": chain(5, 6, scores=[0.4, 0.4]), "b": chain(5, 7, scores=[0.1, 0.1])})
     draft = propose(composed, CHAINS)
     composed.observe(draft, Acceptance([0, 1, 2], 3, [5, 6]), Verification(None))
     branches = composed.method_report()["branches"]
-    assert branches["a"] == {"accepted_tokens": 2, "proposed_tokens": 2, "rounds_chosen": 1, "rounds_drafted": 1}
-    assert branches["b"] == {"accepted_tokens": 1, "proposed_tokens": 1, "rounds_chosen": 0, "rounds_drafted": 1}
+    assert branches["a"] == {"accepted_tokens": 2, "proposed_tokens": 2, "rounds_chosen": 1, "rounds_drafted": 1,
+                                   "rounds_skipped": 0}
+    assert branches["b"] == {"accepted_tokens": 1, "proposed_tokens": 1, "rounds_chosen": 0, "rounds_drafted": 1,
+                             "rounds_skipped": 0}
 
 
 # --- end to end: lossless -----------------------------------------------------------------------
@@ -303,3 +308,43 @@ def test_composed_drafters_decode_exactly_what_greedy_decoding_does(target, one_
     assert report["branches"]["lookup"]["rounds_drafted"] > 0
     grown = [size > max(sizes) for size, sizes in rounds]
     assert any(grown) == (max_rows is None), "trees merge new nodes unless only chains are verified"
+
+
+# --- sparing a costly branch under chain_only ------------------------------------------------
+
+
+class Counting(FixedDrafter):
+    """A fixed chain that counts how often it is asked."""
+
+    def __init__(self, *tokens, scores=None, cost=1.0):
+        super().__init__((-1, *range(len(tokens))), tokens, scores)
+        self.draft_cost, self.asked = cost, 0
+
+    def propose(self, tokens, budget, sampling, generator):
+        self.asked += 1
+        return super().propose(tokens, budget, sampling, generator)
+
+
+def test_under_chain_only_a_costly_branch_is_skipped_when_a_cheap_chain_promises_more():
+    costly = Counting(7, 8, 9)
+    cheap = Counting(5, 6, 7, scores=[0.95, 0.95, 0.95], cost=0.0)
+    composed = ComposedDrafter({"model": costly, "lookup": cheap})
+    draft = propose(composed, CHAINS)
+    assert cheap.asked == 1 and costly.asked == 0, "the model branch's prior (0.5 per depth) promises less"
+    assert draft.node_tokens.tolist() == [ROOT, 5, 6, 7]
+    assert composed.method_report()["branches"]["model"]["rounds_skipped"] == 1
+
+
+def test_under_chain_only_a_costly_branch_is_asked_when_the_cheap_chain_promises_less():
+    costly = Counting(7, 8, 9)
+    cheap = Counting(5, scores=[0.1], cost=0.0)
+    composed = ComposedDrafter({"model": costly, "lookup": cheap})
+    propose(composed, CHAINS)
+    assert costly.asked == 1
+
+
+def test_merged_trees_ask_every_branch_in_their_own_order():
+    costly, cheap = Counting(7, 8), Counting(5, 6, scores=[0.99, 0.99], cost=0.0)
+    draft = propose(ComposedDrafter({"model": costly, "lookup": cheap}))
+    assert costly.asked == cheap.asked == 1
+    assert draft.node_tokens.tolist()[:3] == [ROOT, 7, 8], "the primary's nodes stay first"
