@@ -132,6 +132,15 @@ def lm_head(graph: fx.Graph) -> fx.Node:
     return node
 
 
+def token_embedding(graph: fx.Graph) -> fx.Node:
+    """The `embedding` lookup of the graph's first input, the tokens."""
+    tokens = next(n for n in graph.nodes if n.op == "placeholder")
+    found = [n for n in tokens.users if n.op == "call_function" and n.target == aten.embedding.default]
+    if len(found) != 1:
+        raise SpeccError(f"expected one token embedding reading {tokens.name}, found {len(found)}")
+    return found[0]
+
+
 def partition_order(partition: dict[fx.Node, str]) -> dict[str, int]:
     order: dict[str, int] = {}
     for name in partition.values():

@@ -36,7 +36,7 @@ import torch.fx as fx
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
 from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output,
-                                  register_parameter, remove_unreachable)
+                                  register_parameter, remove_unreachable, token_embedding)
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import own_cache, relabel
@@ -74,7 +74,7 @@ class AttachEagleHead(GraphPass):
         before = set(graph.nodes)
         sdpa = attention_of(graph, last)
         layer_path = LAYER_PATH.match(module_path(sdpa)).group(1)
-        embedding = _token_embedding(graph)
+        embedding = token_embedding(graph)
         block_input = layer_output(graph, last - 1)
         feature = declare_input(add_placeholder(graph, FEATURE_INPUT), EXIT_ROLE, "float", (1, "q", "hidden"))
         for user in list(block_input.users):
@@ -103,14 +103,6 @@ class AttachEagleHead(GraphPass):
         tidy(gm)
         return PassResult(gm, True, inserted=new_nodes(before, gm), replaced=[block_input.name],
                           added_parameters=added, added_inputs=added_inputs)
-
-
-def _token_embedding(graph: fx.Graph) -> fx.Node:
-    tokens = next(n for n in graph.nodes if n.op == "placeholder")
-    found = [n for n in tokens.users if n.op == "call_function" and n.target == aten.embedding.default]
-    if len(found) != 1:
-        raise SpeccError(f"expected one token embedding reading {tokens.name}, found {len(found)}")
-    return found[0]
 
 
 def _attention_projections(graph: fx.Graph, layer_path: str) -> list[fx.Node]:

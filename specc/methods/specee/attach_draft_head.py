@@ -26,7 +26,7 @@ import torch.fx as fx
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
 from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output,
-                                  remove_unreachable)
+                                  remove_unreachable, token_embedding)
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import own_cache, relabel
@@ -62,7 +62,7 @@ class AttachDraftHead(GraphPass):
         if last < 1:
             raise SpeccError("an EAGLE-style draft head needs a model with at least two decoder layers")
         before = set(graph.nodes)
-        embedding = _token_embedding(graph)
+        embedding = token_embedding(graph)
         block_input = layer_output(graph, last - 1)
         feature = declare_input(add_placeholder(graph, self.config.feature_input), EXIT_ROLE, "float",
                                 (1, "q", "hidden"))
@@ -87,14 +87,6 @@ class AttachDraftHead(GraphPass):
         tidy(gm)
         return PassResult(gm, True, inserted=new_nodes(before, gm), replaced=[block_input.name],
                           added_parameters=added_parameters, added_inputs=added_inputs)
-
-
-def _token_embedding(graph: fx.Graph) -> fx.Node:
-    tokens = next(n for n in graph.nodes if n.op == "placeholder")
-    found = [n for n in tokens.users if n.op == "call_function" and n.target == aten.embedding.default]
-    if len(found) != 1:
-        raise SpeccError(f"expected one token embedding reading {tokens.name}, found {len(found)}")
-    return found[0]
 
 
 def _hidden_size(gm: fx.GraphModule, embedding: fx.Node) -> int:
