@@ -8,7 +8,8 @@ Hugging Face `generate` (dynamic and static cache), side by side in one process.
 
 `tests` runs `pytest -m gpu`. `smollm2` works through groups (inductor, then aoti, then
 `none` with `--kernels` beside the inductor `none`, when the budget leaves room):
-it compiles the group's bfloat16 engines for `cuda` (none, prompt-lookup, kangaroo), each while
+it compiles the group's bfloat16 engines for `cuda` (none, prompt-lookup, kangaroo, and eagle in the
+inductor group), each while
 the budget leaves room for the group's benchmark, then benchmarks them in a process of their
 own (the inductor group against HF `generate` with a dynamic cache and with
 `cache_implementation="static"`), interleaved on the same prompts, and writes
@@ -47,7 +48,7 @@ class Group:
 
 
 GROUPS = (
-    Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo")),
+    Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo", "eagle")),
     Group("aoti", "aoti", ("none", "prompt-lookup", "kangaroo")),
     # specc's Triton attention against the library's, side by side (the kernels issue)
     Group("kernels", "inductor", ("none",), flags=("--kernels",), beside=("none-inductor",)),

@@ -90,6 +90,21 @@ def declare_outputs(graph: fx.Graph, specs: list[TensorSpec]) -> None:
     output.meta[OUTPUTS_META] = [spec.to_json() for spec in specs]
 
 
+def declared_outputs(graph: fx.Graph) -> list[TensorSpec]:
+    """The outputs declared so far (none before capture declares them)."""
+    return [TensorSpec.from_json(spec) for spec in output_node(graph).meta.get(OUTPUTS_META, [])]
+
+
+def append_outputs(graph: fx.Graph, values: list[fx.Node], specs: list[TensorSpec]) -> None:
+    """Return `values` after the graph's current outputs, declared as `specs`."""
+    output = output_node(graph)
+    declared = declared_outputs(graph)
+    current = output.args[0]
+    current = tuple(current) if isinstance(current, (tuple, list)) else (current,)
+    output.args = ((*current, *values),)
+    declare_outputs(graph, declared + list(specs))
+
+
 def read_signature(gm: fx.GraphModule) -> GraphSignature:
     """The declared signature; every input and output must have been declared."""
     inputs = []

@@ -17,7 +17,7 @@ import torch.fx as fx
 from specc.errors import UsageError
 from specc.graph.nodes import output_node
 from specc.graph.patterns import layer_output
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
+from specc.graph.signature import TensorSpec, append_outputs, declared_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 
@@ -43,13 +43,10 @@ class ExposeLayerInputs(GraphPass):
         self.config = config
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        output = output_node(gm.graph)
-        declared = [TensorSpec.from_json(spec) for spec in output.meta[OUTPUTS_META]]
-        if any(spec.role == LAYER_INPUT_ROLE for spec in declared):
+        if any(spec.role == LAYER_INPUT_ROLE for spec in declared_outputs(gm.graph)):
             return PassResult.unchanged(gm)
         states = [layer_output(gm.graph, t - 1) for t in self.config.layers]
-        output.args = ((*output.args[0], *states),)
-        declare_outputs(gm.graph, declared + [TensorSpec(f"layer_{t}_input", LAYER_INPUT_ROLE, "float",
-                                                         (1, "q", "hidden")) for t in self.config.layers])
+        append_outputs(gm.graph, states, [TensorSpec(f"layer_{t}_input", LAYER_INPUT_ROLE, "float", (1, "q", "hidden"))
+                                          for t in self.config.layers])
         tidy(gm)
-        return PassResult(gm, True, replaced=[output.name])
+        return PassResult(gm, True, replaced=[output_node(gm.graph).name])

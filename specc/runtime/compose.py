@@ -93,6 +93,14 @@ class DepthAcceptance:
             self.accepted[index] += 1
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """A branch's chain under `chain_only` and its expected accepted length."""
+
+    draft: Draft
+    promise: float
+
+
 @dataclass
 class _Round:
     drafts: dict[str, Draft]     # what each drafting branch proposed
@@ -128,8 +136,8 @@ class ComposedDrafter:
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
-        drafts = self._branch_drafts(tokens, budget, sampling, generator)
-        draft, chosen = self._compose(drafts, budget)
+        drafts, chains = self._branch_drafts(tokens, budget, sampling, generator)
+        draft, chosen = self._compose(drafts, chains, budget)
         self._round = None if draft is None else _Round(drafts, chosen)
         return draft
 
@@ -164,10 +172,11 @@ class ComposedDrafter:
         self.accepted_tokens = 0
         return report
 
-    def _branch_drafts(self, tokens, budget, sampling, generator) -> dict[str, Draft]:
-        drafts = {}
+    def _branch_drafts(self, tokens, budget, sampling, generator) -> tuple[dict[str, Draft], dict[str, _Chain]]:
+        """Each asked branch's draft, in branch order, and under `chain_only` each one's chain."""
+        drafts, chains = {}, {}
         for name in self._asking_order(budget):
-            if budget.chain_only and drafts and self._outdrafted(name, drafts, budget):
+            if chains and self._usual_length(name, budget) < max(c.promise for c in chains.values()):
                 self.counts[name].rounds_skipped += 1
                 continue
             draft = self.branches[name].propose(tokens, budget, sampling, generator)
@@ -180,7 +189,11 @@ class ComposedDrafter:
                     f"it. Compose only drafters whose drafts are tokens alone")
             drafts[name] = draft
             self.counts[name].rounds_drafted += 1
-        return {name: drafts[name] for name in self.branches if name in drafts}
+            if budget.chain_only and not draft.sampled_chain:
+                chain = exact_chain(draft)
+                chains[name] = _Chain(chain, expected_accepted_length(self._estimates(name, chain)))
+        order = [name for name in self.branches if name in drafts]
+        return {name: drafts[name] for name in order}, {name: chains[name] for name in order if name in chains}
 
     def _asking_order(self, budget: DraftBudget) -> list[str]:
         """Branch order for asking: under `chain_only`, where one chain is verified, the cheapest
@@ -191,38 +204,28 @@ class ComposedDrafter:
             return names
         return sorted(names, key=lambda name: getattr(self.branches[name], "draft_cost", 1.0))
 
-    def _outdrafted(self, name: str, drafts: dict[str, Draft], budget: DraftBudget) -> bool:
-        """Whether the best chain drafted so far promises a longer accepted length than branch
-        `name` has delivered per round at this depth (its measured acceptance per depth)."""
+    def _usual_length(self, name: str, budget: DraftBudget) -> float:
+        """The accepted length branch `name` has delivered per round at the budget's depth (its
+        measured acceptance per depth)."""
         depth = min(budget.max_depth, budget.max_nodes - 1)
-        usual = expected_accepted_length([self.measured[name].rate(d) for d in range(1, depth + 1)])
-        best = max(expected_accepted_length(self._estimates(other, exact_chain(draft)))
-                   for other, draft in drafts.items())
-        return usual < best
+        return expected_accepted_length([self.measured[name].rate(d) for d in range(1, depth + 1)])
 
-    def _compose(self, drafts: dict[str, Draft], budget: DraftBudget) -> tuple[Draft | None, tuple[str, ...]]:
-        """The draft to verify and the branches it came from."""
+    def _compose(self, drafts: dict[str, Draft], chains: dict[str, _Chain],
+                 budget: DraftBudget) -> tuple[Draft | None, tuple[str, ...]]:
+        """The draft to verify and the branches it came from: a sampled chain alone; under
+        `chain_only` the chain with the largest expected accepted length (the first on a tie);
+        else the merged tree."""
         if not drafts:
             return None, ()
         sampled = next((name for name, draft in drafts.items() if draft.sampled_chain), None)
         if sampled is not None:
             return drafts[sampled], (sampled,)
-        if budget.chain_only:
-            chains = {name: exact_chain(draft) for name, draft in drafts.items()}
-            name = self._likeliest(chains)
-            return chains[name], (name,)
+        if chains:
+            name = max(chains, key=lambda n: chains[n].promise)
+            return chains[name].draft, (name,)
         if len(drafts) == 1:
             return next(iter(drafts.values())), tuple(drafts)
         return merge_drafts(list(drafts.values()), budget.max_nodes), tuple(drafts)
-
-    def _likeliest(self, chains: dict[str, Draft]) -> str:
-        """The branch whose chain has the largest expected accepted length (the first on a tie)."""
-        best, best_length = None, -1.0
-        for name, chain in chains.items():
-            length = expected_accepted_length(self._estimates(name, chain))
-            if length > best_length:
-                best, best_length = name, length
-        return best
 
     def _estimates(self, name: str, chain: Draft) -> list[float]:
         """Per depth of `chain`, the chance it is accepted given the depth above it was."""

@@ -30,6 +30,7 @@ cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="about CUDA itself")
 MAX_SEQ_LEN = 128
 NEW_TOKENS = 24
 TRAIN = ["train_steps=40", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+TRAINED = {"kangaroo": TRAIN, "eagle": [*TRAIN, "draft_vocab_size=48"]}
 
 
 def _hf_greedy_on_cuda(checkpoint: Path, prompts: list[list[int]], dtype=torch.float32) -> list[list[int]]:
@@ -54,8 +55,9 @@ def compiled(checkpoints, tmp_path_factory):
             target = checkpoints("llama")[0]
             root = tmp_path_factory.mktemp(f"{method}-{backend}-{dtype}{'-kernels' if kernels else ''}")
             settings = []
-            if method == "kangaroo":
-                settings = [*TRAIN, f"calib_data={sample_calibration_text(target, root / 'calib.txt', sequences=32)}"]
+            if method in TRAINED:
+                calib = sample_calibration_text(target, root / "calib.txt", sequences=32)
+                settings = [*TRAINED[method], f"calib_data={calib}"]
             report = compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
                                                    backend=backend, dtype=dtype, max_seq_len=MAX_SEQ_LEN,
                                                    settings=settings, device=DEVICE, kernels=kernels))
@@ -106,6 +108,24 @@ def test_kangaroo_in_bfloat16_matches_its_none_engine(compiled):
     none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
     kangaroo = load_engine(compiled("kangaroo", "inductor", "bfloat16"), device=DEVICE)
     assert _decode(kangaroo, prompts) == _decode(none, prompts)
+
+
+def test_eagle_trains_on_the_device_and_matches_hf_greedy(checkpoints, compiled):
+    target = checkpoints("llama")[0]
+    engine = load_engine(compiled("eagle", "inductor"), device=DEVICE)
+    assert engine.manifest["training"]["device"].startswith(DEVICE)
+    prompts = varied_prompts(6, 96, seed=7)
+    results = [engine.generate_ids(ids, NEW_TOKENS) for ids in prompts]
+    assert [r.token_ids for r in results] == _hf_greedy_on_cuda(target, prompts)
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+    _assert_replayed(engine)
+
+
+def test_eagle_in_bfloat16_matches_its_none_engine(compiled):
+    prompts = varied_prompts(6, 96, seed=8)
+    none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
+    eagle = load_engine(compiled("eagle", "inductor", "bfloat16"), device=DEVICE)
+    assert _decode(eagle, prompts) == _decode(none, prompts)
 
 
 @cuda_only

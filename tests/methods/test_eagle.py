@@ -97,7 +97,7 @@ def test_aoti_packages_both_graphs_and_matches_hf_greedy(engines, one_thread, fa
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_trees_and_chains_match_hf_greedy(engines, one_thread, family, variant):
     engine, target = engines(family)
-    config = EagleConfig(**variant)
+    config = EagleConfig(**variant, stop_probability=0.0)   # the full growth, however unsure the head
     model, drafter, rounds = runtime(engine.context, config)
     assert_identical(greedy(model, drafter), target)
     trees = [tree for tree, _ in rounds]
@@ -118,10 +118,26 @@ def _caterpillar(tree) -> bool:
 
 def test_under_an_exactness_cap_the_tree_config_drafts_chains(engines, one_thread):
     engine, target = engines("llama")
-    model, drafter, rounds = runtime(engine.context, EagleConfig(tree_width=4, tree_nodes=24, depth=6))
+    model, drafter, rounds = runtime(engine.context, EagleConfig(tree_width=4, tree_nodes=24, depth=6,
+                                                                 stop_probability=0.0))
     assert_identical(greedy(model, drafter, max_rows=4), target)
     assert rounds and all(tree.spec.widths == (1,) * tree.spec.depth and tree.spec.depth <= 3 for tree, _ in rounds)
     assert any(tree.spec.depth == 3 for tree, _ in rounds)
+
+
+@pytest.mark.parametrize("tree_width", [1, 3])
+def test_unsure_drafts_stop_early_and_stay_lossless(engines, one_thread, tree_width):
+    """A stop probability above anything the head gives stops every round at depth 1; a
+    moderate one shortens some rounds only; both verify to the same tokens."""
+    engine, target = engines("llama")
+    depths = {}
+    for stop in (0.0, 0.3, 0.999):
+        config = EagleConfig(tree_width=tree_width, tree_nodes=12, depth=5, stop_probability=stop)
+        model, drafter, rounds = runtime(engine.context, config)
+        assert_identical(greedy(model, drafter), target)
+        depths[stop] = [tree.spec.depth for tree, _ in rounds]
+    assert set(depths[0.999]) == {1}
+    assert max(depths[0.0]) > 1 and sum(depths[0.3]) < sum(depths[0.0])
 
 
 def test_bfloat16_engine_matches_its_none_engine(checkpoints, tmp_path, one_thread):
@@ -224,10 +240,10 @@ def test_inspect_shows_the_fused_layers_and_per_depth_agreement(engines, capsys)
 def test_config_fields_are_documented_and_validated(capsys):
     assert main(["methods"]) == 0
     listing = capsys.readouterr().out
-    for field in ("fused_layers", "tree_width", "tree_nodes", "lookup", "ttt_steps", "calib_data"):
+    for field in ("fused_layers", "tree_width", "tree_nodes", "stop_probability", "lookup", "ttt_steps", "calib_data"):
         assert field in listing
     for bad in ("tree_width=0", "depth=0", "fused_layers=1,2", "fused_layers=a,b,c", "fused_layers=0,1,2",
-                "ttt_steps=0", "tree_nodes=0"):
+                "ttt_steps=0", "tree_nodes=0", "stop_probability=1", "stop_probability=-0.1"):
         with pytest.raises(UsageError):
             EagleConfig.from_assignments([bad])
 

@@ -34,10 +34,10 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
+from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
 from specc.graph.patterns import (LAYER_PATH, adopt_parameters, attention_of, final_norm_path, layer_output,
                                   register_parameter, remove_unreachable, token_embedding)
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
+from specc.graph.signature import TensorSpec, append_outputs, declare_input
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import own_cache, relabel
 from specc.passes.base import GraphPass, PassResult, new_nodes
@@ -157,9 +157,4 @@ def _widen(gm: fx.GraphModule, projections: list[fx.Node]) -> list[str]:
 
 
 def _expose_hidden(graph: fx.Graph, block_output: fx.Node) -> None:
-    output = output_node(graph)
-    declared = [TensorSpec.from_json(spec) for spec in output.meta.get(OUTPUTS_META, [])]
-    values = output.args[0]
-    values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
-    output.args = ((*values, block_output),)
-    declare_outputs(graph, declared + [TensorSpec(HIDDEN_OUTPUT, EXIT_ROLE, "float", (1, "q", "hidden"))])
+    append_outputs(graph, [block_output], [TensorSpec(HIDDEN_OUTPUT, EXIT_ROLE, "float", (1, "q", "hidden"))])

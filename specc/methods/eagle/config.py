@@ -18,6 +18,10 @@ class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibrati
     tree_width: int = option(4, "EAGLE-2 dynamic tree: nodes expanded per depth, and the children each one "
                                 "offers; 1 drafts a chain")
     tree_nodes: int = option(24, "most drafted nodes per round: the best by cumulative draft probability")
+    stop_probability: float = option(0.2, "stop growing the draft once no candidate at its deepest level has "
+                                          "a cumulative draft probability of at least this (a step the head is "
+                                          "unsure of costs a head call and rarely pays); 0 always grows `depth` "
+                                          "levels")
     lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
                                  "another branch of the same tree")
     lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches")
@@ -38,6 +42,7 @@ class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibrati
         _check(1 <= self.depth <= 16, f"depth={self.depth} must be between 1 and 16")
         _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
         _check(1 <= self.tree_nodes <= 128, f"tree_nodes={self.tree_nodes} must be between 1 and 128")
+        _check(0.0 <= self.stop_probability < 1.0, f"stop_probability={self.stop_probability} must be in [0, 1)")
         _check(1 <= self.lookup_max_ngram <= 16, f"lookup_max_ngram={self.lookup_max_ngram} must be between "
                                                  f"1 and 16")
         _check(1 <= self.lookup_tokens <= 64, f"lookup_tokens={self.lookup_tokens} must be between 1 and 64")

@@ -26,7 +26,7 @@ from specc.errors import UsageError
 from specc.methods.eagle.config import default_layers
 from specc.graph.nodes import layer_index, output_node
 from specc.graph.patterns import layer_output, register_parameter
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
+from specc.graph.signature import TensorSpec, append_outputs, declared_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 from specc.passes.expose_layer_exit import EXIT_ROLE
@@ -65,19 +65,17 @@ class ExposeFusedFeatures(GraphPass):
         self.config = config
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        output = output_node(gm.graph)
-        declared = [TensorSpec.from_json(spec) for spec in output.meta.get(OUTPUTS_META, [])]
-        if any(spec.name == FEATURE_OUTPUT for spec in declared):
+        if any(spec.name == FEATURE_OUTPUT for spec in declared_outputs(gm.graph)):
             return PassResult.unchanged(gm)
         layers = self.config.resolve(model_layers(gm))
         states = [layer_output(gm.graph, t - 1) for t in layers]
         hidden = _hidden_size(states[0])
         register_parameter(gm, FC_WEIGHT, high_layer_only(hidden, _dtype(gm)))
+        output = output_node(gm.graph)
         with gm.graph.inserting_before(output):
             joined = gm.graph.call_function(aten.cat.default, (states, -1))
             feature = gm.graph.call_function(aten.linear.default, (joined, gm.graph.get_attr(FC_WEIGHT)))
-        output.args = ((*output.args[0], feature),)
-        declare_outputs(gm.graph, declared + [TensorSpec(FEATURE_OUTPUT, EXIT_ROLE, "float", (1, "q", "hidden"))])
+        append_outputs(gm.graph, [feature], [TensorSpec(FEATURE_OUTPUT, EXIT_ROLE, "float", (1, "q", "hidden"))])
         tidy(gm)
         return PassResult(gm, True, inserted=[joined.name, feature.name], replaced=[output.name],
                           added_parameters=[FC_WEIGHT])

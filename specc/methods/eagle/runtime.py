@@ -10,6 +10,8 @@ Per round (root = the last committed token, at position r):
   log-probability are expanded, in one head call, each with its parent's head hidden state
   as the feature (the target's is not known yet) and attending to the prefix and its own
   expanded ancestors; each offers its `tree_width` best children;
+- growth stops early once even the likeliest candidate of the newest depth has a cumulative
+  draft probability below `stop_probability`: a further head call would rarely pay for itself;
 - selection: the `tree_nodes` best candidates by cumulative log-probability form the tree
   (a child never scores above its parent, so the best set keeps every node's ancestors),
   ordered by depth then score, so each node's first child is its best and the first-child
@@ -52,6 +54,7 @@ class _Growth:
     probs: list[float]           # draft probability given the parent
     depths: list[int]
     slots: dict[int, int] = field(default_factory=dict)   # head cache slot of every expanded node
+    rows: dict[int, int] = field(default_factory=dict)    # row of each node in the last head call's output
 
     def add(self, parent: int, token: int, prob: float) -> int:
         self.tokens.append(token)
@@ -60,6 +63,11 @@ class _Growth:
         self.scores.append(self.scores[parent] + _log(prob))
         self.depths.append(self.depths[parent] + 1)
         return len(self.tokens) - 1
+
+    def hidden_row(self, node: int) -> int:
+        """Row of `node`'s head hidden state in the last head call's output (the root's: row 0
+        of the catch-up call)."""
+        return 0 if node == 0 else self.rows[node]
 
     def ancestors(self, node: int) -> list[int]:
         chain = []
@@ -82,6 +90,7 @@ class EagleDrafter:
         # position p - 1; row 0, before the first token, is zeros).
         self.features = torch.zeros(head.max_seq_len + 2, hidden_size, dtype=dtype, device=head.device)
         self.head_len = 0     # positions whose head KV holds their committed token and target feature
+        self._log_stop = _log(config.stop_probability) if config.stop_probability > 0 else -math.inf
 
     def begin(self, prompt: torch.Tensor, prefill) -> None:
         self.head_len = 0
@@ -110,11 +119,15 @@ class EagleDrafter:
         frontier = [0]
         for level in range(1, depth + 1):
             children = self._offer(growth, frontier, logits, width, sampling)
-            if level == depth:
+            if level == depth or self._unsure(growth, children):
                 break
             frontier = sorted(children, key=lambda n: -growth.scores[n])[:width]
             logits, hidden = self._expand(growth, frontier, hidden, root, level)
         return self._select(growth, nodes)
+
+    def _unsure(self, growth: _Growth, children: list[int]) -> bool:
+        """Whether even the likeliest of the newest candidates is below `stop_probability`."""
+        return max(growth.scores[n] for n in children) < self._log_stop
 
     def _catch_up(self, tokens: list[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The head on positions head_len..root; the root's logits [1, V'] and hidden state [1, H]."""
@@ -141,7 +154,7 @@ class EagleDrafter:
                 level: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One head call on the frontier nodes (depth `level`): each reads its parent's hidden state
         and attends to the prefix, its expanded ancestors and itself."""
-        parent_rows = [self._hidden_row(growth, growth.parents[n]) for n in frontier]
+        parent_rows = [growth.hidden_row(growth.parents[n]) for n in frontier]
         for node in frontier:
             growth.slots[node] = root + 1 + len(growth.slots)
         slots = torch.tensor([growth.slots[n] for n in frontier], device=self.device)
@@ -152,12 +165,8 @@ class EagleDrafter:
         positions = torch.full((len(frontier),), root + level, device=self.device)
         out = self.head.run(torch.tensor([growth.tokens[n] for n in frontier], device=self.device), positions,
                             slots, mask[None, None], parent_hidden[parent_rows][None])
-        self._rows = {node: row for row, node in enumerate(frontier)}
+        growth.rows = {node: row for row, node in enumerate(frontier)}
         return out.logits, out.extras[HIDDEN_OUTPUT]
-
-    def _hidden_row(self, growth: _Growth, parent: int) -> int:
-        """Row of `parent`'s hidden state in the last head call's output (the root's: row 0)."""
-        return 0 if parent == 0 else self._rows[parent]
 
     def _select(self, growth: _Growth, nodes: int) -> Draft:
         """The `nodes` best candidates, ancestors first; ordered by depth, then score."""

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.nodes import layer_index, output_node
+from specc.graph.nodes import layer_index
 from specc.graph.patterns import layer_output
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
+from specc.graph.signature import TensorSpec, append_outputs, declared_outputs
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult
 from specc.passes.expose_layer_exit import EXIT_ROLE
@@ -35,16 +35,12 @@ class ExposeFinalHidden(GraphPass):
         self.config = config
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        output = output_node(gm.graph)
-        specs = [TensorSpec.from_json(s) for s in output.meta.get(OUTPUTS_META, [])]
+        specs = declared_outputs(gm.graph)
         layers = {i for i in map(layer_index, gm.graph.nodes) if i is not None}
         if not layers or any(s.name == self.config.output_name for s in specs):
             return PassResult.unchanged(gm)
         hidden = layer_output(gm.graph, max(layers))
-        values = output.args[0]
-        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
-        output.args = ((*values, hidden),)
-        declare_outputs(gm.graph, specs + [TensorSpec(self.config.output_name, EXIT_ROLE, "float",
-                                                      (1, "q", "hidden"))])
+        append_outputs(gm.graph, [hidden],
+                       [TensorSpec(self.config.output_name, EXIT_ROLE, "float", (1, "q", "hidden"))])
         tidy(gm)
         return PassResult(gm, True, inserted=[], replaced=[])

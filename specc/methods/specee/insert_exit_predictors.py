@@ -30,9 +30,9 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, output_node, placeholder
+from specc.graph.nodes import add_placeholder, attribute, layer_index, module_path, placeholder
 from specc.graph.patterns import PASS_THROUGH, layer_output, lm_head
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declare_outputs
+from specc.graph.signature import TensorSpec, append_outputs, declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
@@ -155,13 +155,7 @@ class InsertExitPredictors(GraphPass):
             return builder.call(aten.unsqueeze.default, score, 0)
 
     def _append_outputs(self, graph: fx.Graph, scores: list[fx.Node], layers: tuple[int, ...]) -> None:
-        output = output_node(graph)
-        values = output.args[0]
-        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
-        specs = [TensorSpec.from_json(s) for s in output.meta.get(OUTPUTS_META, [])]
-        output.args = ((*values, *scores),)
-        declare_outputs(graph, specs + [TensorSpec(score_name(l), SCORE_ROLE, "float", (1, "q", 1))
-                                        for l in layers])
+        append_outputs(graph, scores, [TensorSpec(score_name(l), SCORE_ROLE, "float", (1, "q", 1)) for l in layers])
 
 
 class _Builder:
