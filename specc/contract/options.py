@@ -74,9 +74,11 @@ class CalibrationOptions(OptionBlock):
     checked by the method's `validate` (`specc.contract.validation.check_data_file`), before
     any work and never when an engine loads."""
 
-    calib_data: str | None = option(None, "training text: a JSONL file (prompt, text or turns fields), a text "
-                                          "file, or a prompt set name, as for `specc bench --prompts`; "
-                                          "default: Python stdlib source plus ../shared/data text if present")
+    calib_data: str | None = option(None, "training text: a JSONL file (prompt, text or turns fields; best: "
+                                          "`specc distill-data` output), a text file, or a prompt set name, "
+                                          "as for `specc bench --prompts`; several, comma-separated, mix "
+                                          "(`builtin` names the default: Python stdlib source plus "
+                                          "../shared/data text if present)")
 
 
 def _check(ok: bool, message: str) -> None:

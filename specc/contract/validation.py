@@ -18,3 +18,12 @@ def check_data_file(value: str | None, field: str = "calib_data") -> None:
     if not path.is_file():
         raise UsageError(f"--set {field}={value}: no such file; pass a JSONL or text file, or a prompt set "
                          f"name ({', '.join(PROMPT_SET_NAMES)})")
+
+
+def check_calibration_data(value: str | None, field: str = "calib_data") -> None:
+    """Training text for `specc.train.corpus.token_windows`: each of its comma-separated
+    sources is `builtin`, a prompt-set name or an existing file."""
+    from specc.train.corpus import calibration_sources
+
+    for source in calibration_sources(value):
+        check_data_file(source, field)

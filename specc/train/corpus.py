@@ -6,7 +6,9 @@ named set (gsm8k, spec_bench). Its token stream's tail is held out.
 Without it, the built-in corpus is used: Python standard-library source and,
 where `../shared/data` exists, English text (`specc.data.corpora`,
 whose held-out documents give the held-out windows; a missing source is
-skipped with a warning).
+skipped with a warning). Several sources joined by commas mix, `builtin`
+naming the built-in corpus (`builtin,chat.jsonl`): their training windows
+are shuffled together and their held-out windows alternate.
 
 A JSONL file from `specc distill-data` says where each conversation's reply
 starts (`prompt_tokens`): its records are read in file order, and each
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import zip_longest
+from pathlib import Path
 
 import torch
 
 from specc.errors import UsageError
 
+BUILTIN = "builtin"     # the built-in corpus, as one of several comma-separated sources
 _CHARS_PER_TOKEN = 6      # generous: real tokenizers average about 4 characters of English or code per token
 
 
@@ -46,6 +50,11 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
     """Up to `train_count` training windows (fewer if the data is short: they are
     then reused in order) and up to `heldout_count` held-out ones, shuffled by `seed`.
     Too little data is an error ending in `remedy`, in the caller's own flags."""
+    sources = calibration_sources(calib_data)
+    if len(sources) > 1:
+        return _mixed_windows([token_windows(tokenizer, source, seq_len, train_count, heldout_count, seed, remedy)
+                               for source in sources], train_count, heldout_count, seed)
+    calib_data = sources[0]
     scored = None
     conversations = _reply_records(calib_data) if calib_data is not None else None
     if conversations is not None:
@@ -71,11 +80,41 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
                         shuffled(train_scored), heldout_scored[:heldout_count])
 
 
+def calibration_sources(calib_data: str | None) -> list[str | None]:
+    """The sources `calib_data` names, None for the built-in corpus: comma-separated
+    ones mix (a file whose own name holds a comma is one source)."""
+    if calib_data is None:
+        return [None]
+    if Path(calib_data).is_file():
+        return [calib_data]
+    parts = [part.strip() for part in calib_data.split(",")]
+    if not all(parts):
+        raise UsageError(f"calib_data={calib_data!r} has an empty source between its commas")
+    return [None if part == BUILTIN else part for part in parts]
+
+
+def _mixed_windows(parts: list[TokenWindows], train_count: int, heldout_count: int, seed: int) -> TokenWindows:
+    """Several sources' windows as one set: training windows shuffled together (at most
+    `train_count`), held-out ones alternating between sources (at most `heldout_count`).
+    Where some source scores only reply positions, the others' windows score every one."""
+    def masks(windows: list[torch.Tensor], scored: list[torch.Tensor] | None) -> list[torch.Tensor]:
+        return scored if scored is not None else [torch.ones(len(w), dtype=torch.bool) for w in windows]
+
+    train = [pair for part in parts for pair in zip(part.train, masks(part.train, part.train_scored))]
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()[:max(train_count, 1)]
+    heldout = [pair for group in zip_longest(*(zip(part.heldout, masks(part.heldout, part.heldout_scored))
+                                               for part in parts)) for pair in group if pair is not None]
+    heldout = heldout[:heldout_count]
+    source = " + ".join(part.source for part in parts)
+    if all(part.train_scored is None for part in parts):
+        return TokenWindows([train[i][0] for i in order], [w for w, _ in heldout], source)
+    return TokenWindows([train[i][0] for i in order], [w for w, _ in heldout], source,
+                        [train[i][1] for i in order], [m for _, m in heldout])
+
+
 def _reply_records(calib_data: str) -> list[dict] | None:
     """The records of a `specc distill-data` file (every one has `text` and an integer
     `prompt_tokens`), or None for any other calibration data."""
-    from pathlib import Path
-
     from specc.data.prompts import read_jsonl
 
     path = Path(calib_data)

@@ -75,3 +75,43 @@ def test_plain_jsonl_has_no_reply_marks(tmp_path):
     path.write_text("".join(f'{{"text": "record {i} " }}\n'.replace("record", "r" * 40) for i in range(10)))
     windows = token_windows(byte_tokenizer, str(path), seq_len=16, train_count=10, heldout_count=1, seed=0)
     assert windows.train_scored is None and windows.heldout_scored is None
+
+
+def test_comma_separated_sources_mix_with_held_out_windows_from_each(tmp_path):
+    import json
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"t{i}" for i in range(400)))
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"text": "P" * 6 + f"reply {i} " * 4, "prompt_tokens": 6}) + "\n"
+                            for i in range(20)))
+    alone = {source: token_windows(byte_tokenizer, str(source), 16, 1000, 4, seed=0) for source in (text, chat)}
+    mixed = token_windows(byte_tokenizer, f"{text},{chat}", 16, 1000, 4, seed=0)
+    as_set = lambda windows: {tuple(w.tolist()) for w in windows}   # noqa: E731
+    assert as_set(mixed.train) == as_set(alone[text].train) | as_set(alone[chat].train)
+    assert [tuple(w.tolist()) for w in mixed.heldout] == [tuple(w.tolist()) for pair in zip(
+        alone[text].heldout[:2], alone[chat].heldout[:2]) for w in pair]
+    # the plain text's windows score every position, the conversations' their reply positions
+    masks = {tuple(w.tolist()): m for w, m in zip(mixed.train, mixed.train_scored)}
+    assert all(masks[tuple(w.tolist())].all() for w in alone[text].train)
+    assert any(not masks[tuple(w.tolist())].all() for w in alone[chat].train)
+    assert len(token_windows(byte_tokenizer, f"{text},{chat}", 16, 10, 4, seed=0).train) == 10
+    assert str(text) in mixed.source and str(chat) in mixed.source
+
+
+def test_builtin_names_the_default_corpus_among_sources(tmp_path):
+    from specc.contract.validation import check_calibration_data
+    from specc.train.corpus import calibration_sources
+
+    path = tmp_path / "a.txt"
+    path.write_text("x")
+    assert calibration_sources(f"builtin,{path}") == [None, str(path)]
+    assert calibration_sources(None) == [None]
+    odd = tmp_path / "with,comma.txt"
+    odd.write_text("x")
+    assert calibration_sources(str(odd)) == [str(odd)]
+    check_calibration_data(f"builtin,{path},gsm8k")
+    with pytest.raises(UsageError, match="no such file"):
+        check_calibration_data(f"builtin,{tmp_path / 'missing.jsonl'}")
+    with pytest.raises(UsageError, match="empty source"):
+        calibration_sources(f"{path},")

@@ -29,10 +29,10 @@ def _train(context, config: DraftModelConfig, tokenizer) -> TrainResult:
 
 def _validate(config: DraftModelConfig, model_config) -> None:
     """Before any weights load: the calibration text must exist if it will be read."""
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
 
     if config.draft_vocab_size > 0:
-        check_data_file(config.calib_data)
+        check_calibration_data(config.calib_data)
 
 
 METHOD = MethodDescriptor(

@@ -50,7 +50,7 @@ def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
 
 def _validate(config: EagleConfig, model_config) -> None:
     """Before any weights load: the fused layers must exist, and the training text too."""
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
     from specc.errors import UsageError
 
     layers = getattr(model_config, "num_hidden_layers", None)
@@ -60,7 +60,7 @@ def _validate(config: EagleConfig, model_config) -> None:
     if layers is not None and chosen is not None and max(chosen) > layers:
         raise UsageError(f"--set fused_layers={config.fused_layers} must name layers 1..{layers} of the model's "
                          f"{layers} (t: the state entering layer t; {layers}: the last layer's output)")
-    check_data_file(config.calib_data)
+    check_calibration_data(config.calib_data)
 
 
 METHOD = MethodDescriptor(

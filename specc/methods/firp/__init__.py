@@ -50,7 +50,7 @@ def _train(context, config: FIRPConfig, tokenizer) -> TrainResult:
 
 def _validate(config: FIRPConfig, model_config) -> None:
     """Before any weights load: the projection layers must fit the model, the training text must exist."""
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
     from specc.methods.firp.insert_pseudo_hidden_projections import check_pseudo_layers
 
     layers = getattr(model_config, "num_hidden_layers", None)
@@ -63,7 +63,7 @@ def _validate(config: FIRPConfig, model_config) -> None:
         if config.layers:
             check_pseudo_layers(tuple(config.layers), layers)
     if config.train_steps:
-        check_data_file(config.calib_data)
+        check_calibration_data(config.calib_data)
 
 
 METHOD = MethodDescriptor(

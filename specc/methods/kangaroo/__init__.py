@@ -70,10 +70,10 @@ def _validate(config: KangarooConfig, model_config) -> None:
     """Before any weights load: the exit layer must leave at least one deep layer, and
     the training text must exist."""
     from specc.errors import UsageError
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and config.exit_layer >= layers:
         raise UsageError(f"--set exit_layer={config.exit_layer} must be below the model's {layers} layers "
                          f"(1..{layers - 1}; 0 picks one)")
-    check_data_file(config.calib_data)
+    check_calibration_data(config.calib_data)

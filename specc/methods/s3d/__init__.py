@@ -82,14 +82,14 @@ def _validate(config: S3DConfig, model_config) -> None:
     """Before any weights load: the skipped block must keep the first and last layer,
     and the training text must exist."""
     from specc.errors import UsageError
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and config.skip_layers and config.skip_layers[1] > layers - 2:
         raise UsageError(f"--set skip_layers={config.skip_layers[0]},{config.skip_layers[1]} must keep the last "
                          f"layer of the model's {layers}: first,last with 1 <= first <= last <= {layers - 2}")
     if config.train_steps:
-        check_data_file(config.calib_data)
+        check_calibration_data(config.calib_data)
 
 
 METHOD = MethodDescriptor(

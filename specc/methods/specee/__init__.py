@@ -70,13 +70,13 @@ def _train(context, config: SpecEEConfig, tokenizer) -> TrainResult:
 
 def _validate(config: SpecEEConfig, model_config) -> None:
     from specc.errors import UsageError
-    from specc.contract.validation import check_data_file
+    from specc.contract.validation import check_calibration_data
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if layers is not None and layers < 3:
         raise UsageError(f"specee needs at least 3 decoder layers (an exit needs a layer below and above "
                          f"it); this model has {layers}")
-    check_data_file(config.calib_data)
+    check_calibration_data(config.calib_data)
 
 
 METHOD = MethodDescriptor(
