@@ -46,7 +46,7 @@ def _hf_greedy_on_cuda(checkpoint: Path, prompts: list[list[int]], dtype=torch.f
 @pytest.fixture(scope="module")
 def compiled(checkpoints, tmp_path_factory):
     """(method, backend, dtype, kernels) -> engine directory, compiled once for this module on
-    DEVICE; kangaroo trains briefly on text the target samples."""
+    DEVICE; kangaroo and eagle train briefly on text the target samples."""
     built: dict[tuple, Path] = {}
 
     def get(method: str, backend: str, dtype: str = "float32", kernels: bool = False) -> Path:
@@ -91,10 +91,10 @@ def test_prompt_lookup_in_bfloat16_matches_its_none_engine(checkpoints, compiled
     _assert_replayed(lookup)
 
 
-@pytest.mark.parametrize("backend", ["eager", "inductor"])
-def test_kangaroo_trains_on_the_device_and_matches_hf_greedy(checkpoints, compiled, backend):
+@pytest.mark.parametrize("method,backend", [("kangaroo", "eager"), ("kangaroo", "inductor"), ("eagle", "inductor")])
+def test_a_method_trained_on_the_device_matches_hf_greedy(checkpoints, compiled, method, backend):
     target = checkpoints("llama")[0]
-    engine = load_engine(compiled("kangaroo", backend), device=DEVICE)
+    engine = load_engine(compiled(method, backend), device=DEVICE)
     assert engine.manifest["training"]["device"].startswith(DEVICE)
     prompts = varied_prompts(6, 96, seed=4)
     results = [engine.generate_ids(ids, NEW_TOKENS) for ids in prompts]
@@ -103,29 +103,12 @@ def test_kangaroo_trains_on_the_device_and_matches_hf_greedy(checkpoints, compil
     _assert_replayed(engine)
 
 
-def test_kangaroo_in_bfloat16_matches_its_none_engine(compiled):
+@pytest.mark.parametrize("method", ["kangaroo", "eagle"])
+def test_a_trained_method_in_bfloat16_matches_its_none_engine(compiled, method):
     prompts = varied_prompts(6, 96, seed=6)
     none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
-    kangaroo = load_engine(compiled("kangaroo", "inductor", "bfloat16"), device=DEVICE)
-    assert _decode(kangaroo, prompts) == _decode(none, prompts)
-
-
-def test_eagle_trains_on_the_device_and_matches_hf_greedy(checkpoints, compiled):
-    target = checkpoints("llama")[0]
-    engine = load_engine(compiled("eagle", "inductor"), device=DEVICE)
-    assert engine.manifest["training"]["device"].startswith(DEVICE)
-    prompts = varied_prompts(6, 96, seed=7)
-    results = [engine.generate_ids(ids, NEW_TOKENS) for ids in prompts]
-    assert [r.token_ids for r in results] == _hf_greedy_on_cuda(target, prompts)
-    assert sum(r.stats.accepted_tokens for r in results) > 0
-    _assert_replayed(engine)
-
-
-def test_eagle_in_bfloat16_matches_its_none_engine(compiled):
-    prompts = varied_prompts(6, 96, seed=8)
-    none = load_engine(compiled("none", "inductor", "bfloat16"), device=DEVICE)
-    eagle = load_engine(compiled("eagle", "inductor", "bfloat16"), device=DEVICE)
-    assert _decode(eagle, prompts) == _decode(none, prompts)
+    trained = load_engine(compiled(method, "inductor", "bfloat16"), device=DEVICE)
+    assert _decode(trained, prompts) == _decode(none, prompts)
 
 
 @cuda_only
