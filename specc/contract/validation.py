@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specc.data.calibration import calibration_sources
 from specc.data.prompts import PROMPT_SET_NAMES
 from specc.errors import UsageError
 
@@ -23,7 +24,5 @@ def check_data_file(value: str | None, field: str = "calib_data") -> None:
 def check_calibration_data(value: str | None, field: str = "calib_data") -> None:
     """Training text for `specc.train.corpus.token_windows`: each of its comma-separated
     sources is `builtin`, a prompt-set name or an existing file."""
-    from specc.train.corpus import calibration_sources
-
     for source in calibration_sources(value):
         check_data_file(source, field)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from specc.data.calibration import calibration_sources
 from specc.errors import UsageError
 
-BUILTIN = "builtin"     # the built-in corpus, as one of several comma-separated sources
 _CHARS_PER_TOKEN = 6      # generous: real tokenizers average about 4 characters of English or code per token
 
 
@@ -78,19 +78,6 @@ def token_windows(tokenizer, calib_data: str | None, seq_len: int, train_count: 
     train_scored, heldout_scored = scored
     return TokenWindows(shuffled(train), heldout[:heldout_count], source,
                         shuffled(train_scored), heldout_scored[:heldout_count])
-
-
-def calibration_sources(calib_data: str | None) -> list[str | None]:
-    """The sources `calib_data` names, None for the built-in corpus: comma-separated
-    ones mix (a file whose own name holds a comma is one source)."""
-    if calib_data is None:
-        return [None]
-    if Path(calib_data).is_file():
-        return [calib_data]
-    parts = [part.strip() for part in calib_data.split(",")]
-    if not all(parts):
-        raise UsageError(f"calib_data={calib_data!r} has an empty source between its commas")
-    return [None if part == BUILTIN else part for part in parts]
 
 
 def _mixed_windows(parts: list[TokenWindows], train_count: int, heldout_count: int, seed: int) -> TokenWindows:

@@ -101,7 +101,7 @@ def test_comma_separated_sources_mix_with_held_out_windows_from_each(tmp_path):
 
 def test_builtin_names_the_default_corpus_among_sources(tmp_path):
     from specc.contract.validation import check_calibration_data
-    from specc.train.corpus import calibration_sources
+    from specc.data.calibration import calibration_sources
 
     path = tmp_path / "a.txt"
     path.write_text("x")
