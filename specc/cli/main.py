@@ -214,8 +214,9 @@ def _add_distill_data(verbs):
                           "(prompts are taken in `specc bench` order).")
     p.add_argument("model", help="Hugging Face checkpoint directory or .gguf file (as for `specc compile`)")
     p.add_argument("-o", "--output", required=True, type=Path, help="JSONL file to write")
-    p.add_argument("--prompts", default="spec_bench", help="prompt set name (spec_bench, gsm8k, code, text) or a "
-                                                           "JSONL/text file")
+    p.add_argument("--prompts", default="spec_bench",
+                   help="prompt set name (spec_bench, gsm8k, code, text, or code-train / text-train: the built-in "
+                        "corpus's training split) or a JSONL/text file")
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N prompts")
     p.add_argument("--num-prompts", type=int, default=128, metavar="N", help="prompts to answer")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="longest reply")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import random
 import re
 import sysconfig
 from dataclasses import dataclass
@@ -149,6 +150,21 @@ def heldout_prompts(kind: str, n: int, prompt_chars: int) -> list[str]:
         raise CorpusUnavailableError(f"no held-out {kind} documents are available")
     per_document = [_document_prompts(doc.text, kind, prompt_chars) for doc in documents]
     return _round_robin(per_document)[:n]
+
+
+def train_prompts(kind: str, n: int, prompt_chars: int, seed: int = 0) -> list[str]:
+    """``n`` prompt prefixes cut as `heldout_prompts` cuts them, but from the training
+    documents and in a seeded shuffle, so the first ``n`` spread over the whole split:
+    prompts for training text (`specc distill-data`) that never share a document with
+    the benchmark's."""
+    if n < 0 or prompt_chars < 1:
+        raise UsageError("train_prompts needs n >= 0 and prompt_chars >= 1")
+    documents = load_corpus(kind).train
+    if not documents:
+        raise CorpusUnavailableError(f"no {kind} training documents are available")
+    prompts = _round_robin([_document_prompts(doc.text, kind, prompt_chars) for doc in documents])
+    random.Random(seed).shuffle(prompts)
+    return prompts[:n]
 
 
 # --- code corpus -------------------------------------------------------------

@@ -4,6 +4,8 @@ Named sets:
   code        held-out code prefixes (`specc.data.corpora.heldout_prompts`,
               or a stdlib sampler until that module exists)
   text        held-out prose prefixes (needs `specc.data.corpora`)
+  code-train  code prefixes from the training split, shuffled: prompts for
+  text-train  `specc distill-data` that share no document with `code`/`text`
   spec_bench  Spec-Bench questions, grouped by their `category` field
   gsm8k       GSM8K test questions
 Anything else is a file: JSONL with "prompt", "text" or "turns" (the first
@@ -33,7 +35,8 @@ CODE_PROMPT_CHARS = 512
 TEXT_PROMPT_CHARS = 512
 _SHARED_FILES = {"spec_bench": ("spec_bench", "question.jsonl"), "gsm8k": ("gsm8k", "test.jsonl")}
 _TEXT_FIELDS = ("prompt", "text", "turns")
-PROMPT_SET_NAMES = ("code", "text", *_SHARED_FILES)   # everything else must be a file
+_TRAIN_SPLIT_SETS = {"code-train": "code", "text-train": "text"}
+PROMPT_SET_NAMES = ("code", "text", *_TRAIN_SPLIT_SETS, *_SHARED_FILES)   # everything else must be a file
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
         raise UsageError(f"--num-prompts {limit} must be at least 1")
     if spec in ("code", "text"):
         prompt_set = _generated_set(spec, limit or DEFAULT_GENERATED_PROMPTS)
+    elif spec in _TRAIN_SPLIT_SETS:
+        prompt_set = _train_split_set(spec, limit or DEFAULT_GENERATED_PROMPTS)
     elif spec in _SHARED_FILES:
         prompt_set = _shared_set(spec)
     elif Path(spec).is_file():
@@ -100,6 +105,19 @@ def _generated_set(kind: str, n: int) -> PromptSet:
                      f"stdlib code prefixes ({n} x {chars} chars)",
                      ["code prompts come from the stdlib fallback sampler, not the reference models' "
                       "held-out split; a reference model may have trained on them"])
+
+
+def _train_split_set(name: str, n: int) -> PromptSet:
+    kind = _TRAIN_SPLIT_SETS[name]
+    try:
+        from specc.data.corpora import train_prompts
+    except ImportError as exc:
+        raise UsageError(f"the {name!r} prompt set needs specc.data.corpora, which is not installed") from exc
+    chars = CODE_PROMPT_CHARS if kind == "code" else TEXT_PROMPT_CHARS
+    texts = train_prompts(kind, n, chars)
+    short = [f"the {kind} training split yields only {len(texts)} of the {n} prompts asked for"]
+    return PromptSet(name, [Prompt(t, kind) for t in texts], f"specc.data.corpora.train_prompts({kind!r}, {n}, "
+                     f"{chars})", short if len(texts) < n else [])
 
 
 def _heldout_prompts_function():

@@ -69,7 +69,7 @@ def write_distill_data(request: DistillDataRequest) -> DistillDataReport:
 
     checkpoint = resolve_checkpoint(request.model)
     tokenizer = load_tokenizer(checkpoint)
-    prompts, source = _selected_prompts(request)
+    prompts, source = selected_prompts(request)
     encoded, skipped = _encode(tokenizer, prompts, request)
     if not encoded:
         raise UsageError(f"none of the {len(prompts)} prompts fits --max-prompt-tokens {request.max_prompt_tokens}")
@@ -133,10 +133,12 @@ def _stop_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _selected_prompts(request: DistillDataRequest):
+def selected_prompts(request: DistillDataRequest):
+    """The prompts `request` answers, in `specc bench` order after its skip, and where they came from."""
     from specc.data.prompts import load_prompt_set
 
-    prompt_set = load_prompt_set(request.prompts)
+    # Generated sets (code, code-train, ...) build only as many prompts as asked for.
+    prompt_set = load_prompt_set(request.prompts, request.skip + request.num_prompts)
     chosen = prompt_set.prompts[request.skip:request.skip + request.num_prompts]
     if not chosen:
         raise UsageError(f"--skip {request.skip} leaves no prompt of {request.prompts!r} "

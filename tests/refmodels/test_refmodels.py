@@ -24,7 +24,7 @@ from specc.refmodels import (
 )
 from specc.data import corpora as corpus_module
 from specc.refmodels.__main__ import main as cli_main
-from specc.data.corpora import CorpusUnavailableError, load_corpus, select_corpus
+from specc.data.corpora import CorpusUnavailableError, load_corpus, select_corpus, train_prompts
 from specc.refmodels.tokenizer import ENDOFTEXT, save_tokenizer, train_tokenizer
 
 pytestmark = pytest.mark.shared_data   # reads ../shared/data when present (CI reruns it hidden)
@@ -132,6 +132,21 @@ def test_heldout_code_prompts_are_deterministic_and_unseen_in_training():
     assert all(prompt.lstrip().startswith(("def ", "class ", "async ")) for prompt in prompts)
     train_texts = [doc.text for doc in load_corpus("code").train]
     assert not any(prompt in text for prompt in prompts[:4] for text in train_texts)
+
+
+def test_training_code_prompts_are_deterministic_spread_and_never_the_benchmarks():
+    prompts = train_prompts("code", 40, 300)
+    assert prompts == train_prompts("code", 40, 300)
+    assert prompts[:10] == train_prompts("code", 10, 300)
+    assert prompts != train_prompts("code", 40, 300, seed=1)
+    assert len(set(prompts)) == 40
+    assert all(0 < len(prompt) <= 300 and not prompt[-1].isspace() for prompt in prompts)
+    heldout_texts = [doc.text for doc in load_corpus("code").heldout]
+    assert not any(prompt in text for prompt in prompts for text in heldout_texts)
+    # Spread over the split: many documents, not just the first ones in path order.
+    train = load_corpus("code").train
+    sources = {next(i for i, doc in enumerate(train) if prompt in doc.text) for prompt in prompts}
+    assert len(sources) >= 30 and max(sources) > len(train) // 2
 
 
 @needs_shared_text

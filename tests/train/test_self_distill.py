@@ -70,3 +70,14 @@ def test_an_existing_output_needs_force_and_bad_input_leaves_nothing(checkpoint,
     assert main(["distill-data", str(checkpoint), "--prompts", prompts, "--max-new-tokens", "3", "--force",
                  "-o", str(output)]) == 0
     assert len(_records(output)) == len(PROMPTS)
+
+
+def test_a_generated_prompt_set_yields_every_prompt_asked_for(tmp_path):
+    # Generated sets build only as many prompts as asked for: skip + num, not their default 16.
+    from specc.train.self_distill import DistillDataRequest, selected_prompts
+
+    request = DistillDataRequest(model="unused", prompts="code-train", output=tmp_path / "out.jsonl", skip=10,
+                                 num_prompts=20)
+    chosen, source = selected_prompts(request)
+    assert len(chosen) == 20 and "prompts 10..29" in source
+    assert all(p.category == "code" and not p.chat for p in chosen)
