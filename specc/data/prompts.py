@@ -108,11 +108,9 @@ def _generated_set(kind: str, n: int) -> PromptSet:
 
 
 def _train_split_set(name: str, n: int) -> PromptSet:
+    from specc.data.corpora import train_prompts
+
     kind = _TRAIN_SPLIT_SETS[name]
-    try:
-        from specc.data.corpora import train_prompts
-    except ImportError as exc:
-        raise UsageError(f"the {name!r} prompt set needs specc.data.corpora, which is not installed") from exc
     chars = CODE_PROMPT_CHARS if kind == "code" else TEXT_PROMPT_CHARS
     texts = train_prompts(kind, n, chars)
     short = [f"the {kind} training split yields only {len(texts)} of the {n} prompts asked for"]
