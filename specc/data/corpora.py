@@ -143,13 +143,7 @@ def heldout_prompts(kind: str, n: int, prompt_chars: int) -> list[str]:
     documents, so consecutive prompts come from different sources. Fewer than
     ``n`` come back only if the held-out set runs out.
     """
-    if n < 0 or prompt_chars < 1:
-        raise UsageError("heldout_prompts needs n >= 0 and prompt_chars >= 1")
-    documents = load_corpus(kind).heldout
-    if not documents:
-        raise CorpusUnavailableError(f"no held-out {kind} documents are available")
-    per_document = [_document_prompts(doc.text, kind, prompt_chars) for doc in documents]
-    return _round_robin(per_document)[:n]
+    return _split_prompts(load_corpus(kind).heldout, kind, "held-out", n, prompt_chars)[:n]
 
 
 def train_prompts(kind: str, n: int, prompt_chars: int, seed: int = 0) -> list[str]:
@@ -157,14 +151,19 @@ def train_prompts(kind: str, n: int, prompt_chars: int, seed: int = 0) -> list[s
     documents and in a seeded shuffle, so the first ``n`` spread over the whole split:
     prompts for training text (`specc distill-data`) that never share a document with
     the benchmark's."""
-    if n < 0 or prompt_chars < 1:
-        raise UsageError("train_prompts needs n >= 0 and prompt_chars >= 1")
-    documents = load_corpus(kind).train
-    if not documents:
-        raise CorpusUnavailableError(f"no {kind} training documents are available")
-    prompts = _round_robin([_document_prompts(doc.text, kind, prompt_chars) for doc in documents])
+    prompts = _split_prompts(load_corpus(kind).train, kind, "training", n, prompt_chars)
     random.Random(seed).shuffle(prompts)
     return prompts[:n]
+
+
+def _split_prompts(documents: tuple[Document, ...], kind: str, split: str, n: int, prompt_chars: int) -> list[str]:
+    """Every prompt of one split's `documents` (`split` names it in errors), round-robin
+    across documents."""
+    if n < 0 or prompt_chars < 1:
+        raise UsageError(f"{split} prompts need n >= 0 and prompt_chars >= 1")
+    if not documents:
+        raise CorpusUnavailableError(f"no {split} {kind} documents are available")
+    return _round_robin([_document_prompts(doc.text, kind, prompt_chars) for doc in documents])
 
 
 # --- code corpus -------------------------------------------------------------
