@@ -216,8 +216,12 @@ def _add_distill_data(verbs):
     p.add_argument("-o", "--output", required=True, type=Path, help="JSONL file to write")
     p.add_argument("--prompts", default="spec_bench",
                    help="prompt set name (spec_bench, gsm8k, code, text, or code-train / text-train: the built-in "
-                        "corpus's training split) or a JSONL/text file")
+                        "corpus's training split), a JSONL/text file, or self-chat: user turns the model "
+                        "writes itself from its chat template, sampled")
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N prompts")
+    p.add_argument("--seed", type=int, default=0, help="self-chat: seed of the sampled user turns")
+    p.add_argument("--max-query-tokens", type=int, default=128, metavar="N",
+                   help="self-chat: longest user turn sampled (unfinished ones are dropped)")
     p.add_argument("--num-prompts", type=int, default=128, metavar="N", help="prompts to answer")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="longest reply")
     p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",
@@ -384,6 +388,7 @@ def _distill_data(args) -> int:
         model=args.model, prompts=args.prompts, output=args.output, skip=args.skip, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_prompt_tokens=args.max_prompt_tokens,
         chat_template=not args.no_chat_template, dtype=args.dtype, force=args.force, device=args.device,
+        seed=args.seed, max_query_tokens=args.max_query_tokens,
     ))
     print(f"wrote {args.output}: {report.summary()}")
     return 0

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from specc.host.device import resolve_device
 from specc.errors import UsageError
+from specc.train.self_prompts import SELF_CHAT, self_chat_prompts, user_turn_bounds
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class DistillDataRequest:
     dtype: str = "float32"
     force: bool = False
     device: str = "auto"   # where the target generates
+    seed: int = 0               # self-chat: the sampling seed of the user turns
+    max_query_tokens: int = 128   # self-chat: longest user turn sampled
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,18 @@ def write_distill_data(request: DistillDataRequest) -> DistillDataReport:
 
     checkpoint = resolve_checkpoint(request.model)
     tokenizer = load_tokenizer(checkpoint)
-    prompts, source = selected_prompts(request)
+    prompts, source = None, None
+    if request.prompts == SELF_CHAT:
+        user_turn_bounds(tokenizer)   # a template with no user turn to open is reported before the model loads
+    else:
+        prompts, source = selected_prompts(request)
+    model = load_model(checkpoint, request.dtype).to(resolve_device(request.device))
+    start = time.perf_counter()
+    if prompts is None:
+        prompts, source = _self_chat_selection(model, tokenizer, request)
     encoded, skipped = _encode(tokenizer, prompts, request)
     if not encoded:
         raise UsageError(f"none of the {len(prompts)} prompts fits --max-prompt-tokens {request.max_prompt_tokens}")
-    model = load_model(checkpoint, request.dtype).to(resolve_device(request.device))
-    start = time.perf_counter()
     replies = generate_replies(model, tokenizer, [ids for _, ids in encoded], request.max_new_tokens,
                                request.batch_size)
     records = [{"text": tokenizer.decode(ids + reply, skip_special_tokens=False), "category": prompt.category,
@@ -147,6 +156,14 @@ def selected_prompts(request: DistillDataRequest):
     return chosen, f"{prompt_set.source} (prompts {request.skip}..{last} in benchmark order)"
 
 
+def _self_chat_selection(model, tokenizer, request: DistillDataRequest):
+    """The user turns the model writes itself (`specc.train.self_prompts`), after the skip."""
+    total = request.skip + request.num_prompts
+    turns = self_chat_prompts(model, tokenizer, total, request.seed, request.batch_size, request.max_query_tokens)
+    return turns[request.skip:], (f"the model's own user turns (seed {request.seed}, temperature 1, "
+                                  f"turns {request.skip}..{total - 1})")
+
+
 def _encode(tokenizer, prompts, request: DistillDataRequest):
     """(prompt, ids) for the prompts that fit, encoded as `specc bench` encodes them."""
     from specc.data.chat import chat_prompt_ids, has_chat_template
@@ -180,7 +197,7 @@ def _check(request: DistillDataRequest) -> None:
         raise UsageError(f"{request.output} exists; pass --force to replace it")
     if request.output.exists() and request.output.is_dir():
         raise UsageError(f"{request.output} is a directory; name the JSONL file to write")
-    for name in ("num_prompts", "max_new_tokens", "batch_size", "max_prompt_tokens"):
+    for name in ("num_prompts", "max_new_tokens", "batch_size", "max_prompt_tokens", "max_query_tokens"):
         if getattr(request, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} {getattr(request, name)} must be at least 1")
     if request.skip < 0:
