@@ -11,22 +11,25 @@
 #     bash benchmarks/gpu_check.sh prepare      # wheels + the GGUF in two sha256-checked halves
 #                                               # under .gpu_carry/ (git-ignored)
 #
-# then, on the GPU machine, two commands back to back (files outside the checkout survive between
-# them only while the machine stays up, about 30 s), each carrying the wheels and one half:
+# then, on the GPU machine, three commands back to back (files outside the checkout survive between
+# them only while the machine stays up, about 30 s). The SmolLM2 figures come first: the tests
+# stage takes whatever device time is left.
 #
-#     1. bash benchmarks/gpu_check.sh tests     carry: .gpu_carry/wheels .gpu_carry/part1
-#        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs pytest -m gpu, BUDGET=200 s,
-#        then benchmarks/kernels_bench.py --quick, KERNELS_BUDGET=90 s)
+#     1. bash benchmarks/gpu_check.sh kernels   carry: .gpu_carry/wheels .gpu_carry/part1
+#        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs benchmarks/kernels_bench.py
+#        --quick, KERNELS_BUDGET=90 s)
 #     2. bash benchmarks/gpu_check.sh smollm2   carry: .gpu_carry/wheels .gpu_carry/part2
 #        (joins the halves, checks the sha256, compiles and benchmarks; BUDGET=500 s)
+#     3. bash benchmarks/gpu_check.sh tests     carry: .gpu_carry/wheels
+#        (pytest -m gpu; BUDGET=200 s)
 #
-# On the lent H100 (2026-11-26) the machine started in about 30 s, the tests stage took 143 s
-# and the smollm2 stage 483 s of a 560 s budget: both fit the 15 device minutes with
-# `BUDGET=200` (+ 90 s of kernels bench) and `BUDGET=500`, as long as the second command follows the first at once.
-# With the device tool: run(command="bash benchmarks/gpu_check.sh tests",
-# carry=[".gpu_carry/wheels", ".gpu_carry/part1"]), then the same with `smollm2` and part2.
+# On the lent H100 (2026-11-26) the machine started in about 30 s, pytest -m gpu took 143 s
+# and the smollm2 stage 483 s of a 560 s budget; since then the tests and the smollm2 stage have
+# grown (eagle, --kernels), so set BUDGET on the last two from the device time left.
+# With the device tool: run(command="bash benchmarks/gpu_check.sh kernels",
+# carry=[".gpu_carry/wheels", ".gpu_carry/part1"]), then `smollm2` with part2, then `tests`.
 # On a GPU machine with the package index, `pip install gguf pytest` and
-# `bash benchmarks/gpu_check.sh all GGUF_FILE` does both in one go.
+# `bash benchmarks/gpu_check.sh all GGUF_FILE` does it all in one go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +51,12 @@ install_wheels() {
 transformers.__version__, 'cuda', torch.cuda.is_available())"; } > "$OUT_DIR/machine.txt" 2>&1
 }
 
+run_kernels_bench() {
+    mkdir -p "$OUT_DIR/logs"
+    timeout "${KERNELS_BUDGET:-90}" python benchmarks/kernels_bench.py --quick --out "$OUT_DIR" \
+        > "$OUT_DIR/logs/kernels-bench.log" 2>&1 || echo "kernels bench failed or ran out of time"
+}
+
 case "${1:-}" in
 prepare)
     gguf=$(python -m specc.refmodels fetch smollm2-135m | tail -n 1)
@@ -61,12 +70,14 @@ prepare)
     (cd "$CARRY" && sha256sum part1/model.gguf.0 part2/model.gguf.1 > parts.sha256 && sha256sum "$gguf" | cut -d' ' -f1 > whole.sha256)
     cp "$CARRY/parts.sha256" "$CARRY/whole.sha256" "$CARRY/part1/" && cp "$CARRY/whole.sha256" "$CARRY/part2/"
     du -sh "$CARRY"/* ;;
+kernels)
+    install_wheels
+    mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
+    run_kernels_bench ;;
 tests)
     install_wheels
     mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
-    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" || echo "pytest -m gpu failed"
-    timeout "${KERNELS_BUDGET:-90}" python benchmarks/kernels_bench.py --quick --out "$OUT_DIR" \
-        > "$OUT_DIR/logs/kernels-bench.log" 2>&1 || echo "kernels bench failed or ran out of time" ;;
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" || echo "pytest -m gpu failed" ;;
 smollm2)
     install_wheels
     cp "$CARRY"/part2/* "$KEEP/"
@@ -77,8 +88,9 @@ smollm2)
         --budget "${BUDGET:-500}" ;;
 all)
     install_wheels
-    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed"
-    python benchmarks/gpu_check.py smollm2 --gguf "$2" --out "$OUT_DIR" --budget 500 ;;
+    run_kernels_bench
+    python benchmarks/gpu_check.py smollm2 --gguf "$2" --out "$OUT_DIR" --budget 500
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed" ;;
 *)
-    echo "usage: bash benchmarks/gpu_check.sh prepare|tests|smollm2|all GGUF" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_check.sh prepare|kernels|smollm2|tests|all GGUF" >&2; exit 2 ;;
 esac
