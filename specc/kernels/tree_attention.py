@@ -10,7 +10,8 @@ Split-KV (flash-decoding), grouped by kv head:
    `l`, unnormalised output `acc`, in fp32, base-2 exponentials), and stops at
    the live length: tiles at or past `kv_len` are never loaded, so a 2,048-slot
    cache holding 300 tokens should cost about what a 300-slot one does
-   (unmeasured: nothing here has run on a GPU). bf16/fp16 tiles go through
+   (on an H100 the outputs were bitwise equal; the times so far were of
+   launches, whose fixed cost hides the difference: specc/kernels/README.md). bf16/fp16 tiles go through
    `tl.dot` as they are, accumulating in fp32 (the softmax weights are rounded
    to the value dtype for the second product, as flash attention does); fp32
    tiles use IEEE fp32 (never TF32).
