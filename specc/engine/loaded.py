@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -25,6 +26,17 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
+
+
+def _tensor_kind_of_the_warm_up(backend: Backend):
+    """Where the runtime's KV caches and method buffers are made. A lazily compiling backend's
+    guards check whether each graph input is an inference tensor, and its warm-up and every
+    decoding call run under inference mode (`runtime.generate`): buffers made outside it
+    made Inductor compile every graph again on the first real call (SmolLM2: 70 s more), and
+    again where a method passes a view of such a buffer where it elsewhere passes a fresh
+    tensor (Kangaroo's exit states). Other backends keep normal tensors, which callers may
+    also write outside inference mode."""
+    return torch.inference_mode() if backend.compiles_lazily else contextlib.nullcontext()
 
 
 class LoadedEngine:
@@ -56,7 +68,8 @@ class LoadedEngine:
             state=manifest.get("method_state", {}), max_seq_len=self.max_seq_len, dtype=self.dtype,
             lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device)
         try:
-            self.runtime = self.method.build_runtime(self.context, self.config)
+            with _tensor_kind_of_the_warm_up(backend):
+                self.runtime = self.method.build_runtime(self.context, self.config)
         except torch.OutOfMemoryError as exc:
             raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}") from None
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
