@@ -20,7 +20,6 @@ from specc.data.prompts import Prompt
 from specc.errors import UsageError
 
 SELF_CHAT = "self-chat"
-CATEGORY = "self-chat"
 SAMPLES_PER_PROMPT = 4   # give up after this many samples per prompt asked for (unfinished or repeated turns)
 _SENTINEL = "\x00specc-user-turn\x00"
 
@@ -47,7 +46,7 @@ def self_chat_prompts(model, tokenizer, count: int, seed: int, batch_size: int,
                 if text is None or text in seen or len(prompts) == count:
                     continue
                 seen.add(text)
-                prompts.append(Prompt(text, CATEGORY, chat=True))
+                prompts.append(Prompt(text, SELF_CHAT, chat=True))
                 bar.update(1)
     if len(prompts) < count:
         raise UsageError(f"the model finished only {len(prompts)} distinct user turns in "
