@@ -52,16 +52,16 @@ GROUPS = (
     Group("inductor", "inductor", ("none", "prompt-lookup", "kangaroo")),
     # specc's Triton attention against the library's, side by side (the kernels issue)
     Group("kernels", "inductor", ("none",), flags=("--kernels",), beside=("none-inductor",)),
-    # eagle trains for about 60 s on an H100 and compiles at load like any inductor engine
+    # eagle trains on the GPU before it compiles: its own group, after the cheaper ones
     Group("eagle", "inductor", ("eagle",), beside=("none-inductor",)),
     Group("aoti", "aoti", ("none", "prompt-lookup", "kangaroo")),
 )
 HF_GROUP = "inductor"   # the group whose benchmark also runs HF generate (dynamic and static cache)
 MAX_SEQ_LEN = 1024
-# What a group's benchmark process needs, from the H100 run of 2026-11-27: Inductor compiles each
-# new engine's graphs at load (70-85 s; an engine whose graphs another already compiled on the
-# machine loads from Inductor's cache in about 8 s), HF's static cache compiles itself, and the
-# timed runs take a few seconds per engine.
+# What a group's benchmark process needs (estimates from the H100 run in
+# benchmarks/results/gpu-h100-smollm2-135m-bfloat16-gpu-check-2026-11-27.md): Inductor compiles a
+# new engine's graphs at load, an engine whose graphs are already in Inductor's cache loads
+# quickly, HF's static cache compiles itself, and the timed runs come last.
 LOAD_S = {"inductor": 60, "aoti": 30}
 CACHED_LOAD_S = 15
 HF_S = 120

@@ -80,7 +80,6 @@ kernels)
     run_kernels_bench ;;
 tests)
     install_wheels
-    mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
     python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-200}" \
         ${SELECT:+--select "$SELECT"} || echo "pytest -m gpu failed" ;;
 smollm2)

@@ -31,11 +31,11 @@ from specc.runtime.warm_up import warm_up
 def _tensor_kind_of_the_warm_up(backend: Backend):
     """Where the runtime's KV caches and method buffers are made. A lazily compiling backend's
     guards check whether each graph input is an inference tensor, and its warm-up and every
-    decoding call run under inference mode (`runtime.generate`): buffers made outside it
-    made Inductor compile every graph again on the first real call (SmolLM2: 70 s more), and
-    again where a method passes a view of such a buffer where it elsewhere passes a fresh
-    tensor (Kangaroo's exit states). Other backends keep normal tensors, which callers may
-    also write outside inference mode."""
+    decoding call run under inference mode (`runtime.generate`): buffers made outside it made
+    Inductor compile every graph again on the first real call, and again where a method passes
+    a view of such a buffer where it elsewhere passes a fresh tensor (benchmarks/NOTES.md, "The
+    second GPU check"). Other backends keep normal tensors, which callers may also write
+    outside inference mode."""
     return torch.inference_mode() if backend.compiles_lazily else contextlib.nullcontext()
 
 
