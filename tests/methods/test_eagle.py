@@ -181,6 +181,30 @@ def test_lookup_setting_builds_a_composed_engine(checkpoints, tmp_path, one_thre
     assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
 
 
+def test_a_lookup_corpus_is_kept_in_the_engine_and_drafts_as_a_third_branch(checkpoints, tmp_path, one_thread,
+                                                                             capsys):
+    target = checkpoints("llama")[0]
+    corpus = sample_calibration_text(target, tmp_path / "written.txt", 16, temperature=0.01)
+    compile_engine(CompileRequest(model=str(target), method="eagle", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN,
+                                  settings=["train_steps=0", "lookup=true", f"lookup_corpus={corpus}"]))
+    engine = load_engine(tmp_path / "engine")
+    stored = engine.method_state["lookup_corpus"]
+    assert len(stored) == 16 and all(isinstance(t, int) for t in stored[0])
+    assert list(engine.drafter.branches) == ["eagle", "lookup", "corpus"]
+    assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
+    assert engine.drafter.method_report()["branches"]["corpus"]["accepted_tokens"] > 0
+    assert main(["inspect", str(tmp_path / "engine")]) == 0
+    assert "lookup_corpus: [[" in capsys.readouterr().out
+
+
+def test_a_missing_lookup_corpus_is_refused_before_loading(checkpoints, tmp_path):
+    with pytest.raises(UsageError, match="lookup_corpus=.*no such file"):
+        compile_engine(CompileRequest(model=str(checkpoints("llama")[0]), method="eagle", output=tmp_path / "e",
+                                      max_seq_len=MAX_SEQ_LEN, settings=[f"lookup_corpus={tmp_path}/none.jsonl"]))
+    assert not (tmp_path / "e").exists()
+
+
 # --- sampling keeps the target distribution ------------------------------------
 
 

@@ -16,7 +16,8 @@ fixed shape. Two graphs, both cut from the target by passes:
 The plain target verifies, so the method is lossless wherever the target graph is
 exact (chains only under bfloat16's exact-rows budget). `lookup=true` adds the
 n-gram continuation of the context as a second branch of the same tree
-(`specc.runtime.compose`).
+(`specc.runtime.compose`), and `lookup_corpus` the continuations of text the target
+wrote elsewhere (`specc.runtime.corpus_lookup`) as another.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.eagle.attach_eagle_head import AttachEagleHead
 from specc.methods.eagle.config import EagleConfig, parse_layers
 from specc.methods.eagle.expose_fused_features import ExposeFusedFeatures, FusedFeaturesConfig
-from specc.methods.eagle.runtime import build_runtime
+from specc.methods.eagle.runtime import LOOKUP_CORPUS_KEY, build_runtime
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 
@@ -43,9 +44,13 @@ def _graphs(config: EagleConfig) -> dict[str, GraphRecipe]:
 
 
 def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
+    from specc.data.token_corpus import corpus_token_sequences
     from specc.methods.eagle.train import train_head
 
-    return train_head(context, config, tokenizer)
+    result = train_head(context, config, tokenizer)
+    if config.lookup_corpus:
+        result.state[LOOKUP_CORPUS_KEY] = corpus_token_sequences(tokenizer, config.lookup_corpus)
+    return result
 
 
 def _validate(config: EagleConfig, model_config) -> None:
@@ -61,6 +66,8 @@ def _validate(config: EagleConfig, model_config) -> None:
         raise UsageError(f"--set fused_layers={config.fused_layers} must name layers 1..{layers} of the model's "
                          f"{layers} (t: the state entering layer t; {layers}: the last layer's output)")
     check_calibration_data(config.calib_data)
+    if config.lookup_corpus:
+        check_calibration_data(config.lookup_corpus, "lookup_corpus")
 
 
 METHOD = MethodDescriptor(

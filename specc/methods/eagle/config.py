@@ -26,6 +26,10 @@ class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibrati
                                  "another branch of the same tree")
     lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches")
     lookup_tokens: int = option(8, "most tokens the lookup branch drafts")
+    lookup_corpus: str = option("", "text the target wrote (comma-separated `specc distill-data` JSONL files, "
+                                    "or other JSONL/text files), tokenized into the engine at compile time: "
+                                    "its n-gram continuations are another branch of the tree (up to "
+                                    "lookup_tokens tokens); empty: none")
     ttt_steps: int = option(3, "training-time test: draft steps the head is unrolled on its own outputs "
                                "during training")
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "

@@ -44,6 +44,10 @@ from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import tree_from_parents
 
 
+LOOKUP_CORPUS_KEY = "lookup_corpus"   # method state: the lookup corpus's texts as token ids
+CORPUS_MAX_NGRAM = 4                  # longest suffix the corpus branch matches
+
+
 @dataclass
 class _Growth:
     """The candidate pool of one round: node 0 is the root."""
@@ -191,15 +195,23 @@ def _log(prob: float) -> float:
 
 def build_runtime(context, config: EagleConfig) -> MethodRuntime:
     """The target verifies as is (its extra output is each row's fused feature); the head has
-    a one-layer cache of its own. With `lookup`, the n-gram branch shares the tree."""
+    a one-layer cache of its own. With `lookup`, the n-gram branch shares the tree; with a
+    lookup corpus in the engine, the corpus branch too."""
     target = context.model("target")
     head = context.model("head")
     vocabulary = vocabulary_from_state(context.state, target.device)
     drafter = EagleDrafter(head, config, vocabulary, target.architecture.hidden_size, target.cache.tensors[0].dtype)
+    branches = {"eagle": drafter}
     if config.lookup:
-        from specc.runtime.compose import ComposedDrafter
         from specc.runtime.ngram import NgramDrafter
 
-        drafter = ComposedDrafter({"eagle": drafter,
-                                   "lookup": NgramDrafter(config.lookup_max_ngram, 1, config.lookup_tokens, 1)})
+        branches["lookup"] = NgramDrafter(config.lookup_max_ngram, 1, config.lookup_tokens, 1)
+    if context.state.get(LOOKUP_CORPUS_KEY):
+        from specc.runtime.corpus_lookup import CorpusDrafter
+
+        branches["corpus"] = CorpusDrafter(context.state[LOOKUP_CORPUS_KEY], CORPUS_MAX_NGRAM, config.lookup_tokens)
+    if len(branches) > 1:
+        from specc.runtime.compose import ComposedDrafter
+
+        drafter = ComposedDrafter(branches)
     return MethodRuntime(target, drafter)
