@@ -26,3 +26,14 @@ def check_calibration_data(value: str | None, field: str = "calib_data") -> None
     sources is `builtin`, a prompt-set name or an existing file."""
     for source in calibration_sources(value):
         check_data_file(source, field)
+
+
+def check_lookup_corpus(value: str) -> None:
+    """Text for `specc.data.token_corpus.corpus_token_sequences`: every comma-separated source
+    exists, and none is the built-in corpus (not text the target wrote)."""
+    from specc.data.token_corpus import NOT_BUILTIN
+
+    for source in calibration_sources(value):
+        if source is None:
+            raise UsageError(NOT_BUILTIN)
+        check_data_file(source, "lookup_corpus")

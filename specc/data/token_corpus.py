@@ -10,6 +10,8 @@ from specc.errors import UsageError
 log = logging.getLogger(__name__)
 
 MAX_CORPUS_TOKENS = 262_144   # kept in the engine's manifest, which every load parses
+NOT_BUILTIN = ("lookup_corpus=builtin: the lookup corpus is text the target wrote; name `specc distill-data` "
+                "files (or other JSONL/text files)")
 
 
 def corpus_token_sequences(tokenizer, sources: str, max_tokens: int = MAX_CORPUS_TOKENS) -> list[list[int]]:
@@ -21,8 +23,7 @@ def corpus_token_sequences(tokenizer, sources: str, max_tokens: int = MAX_CORPUS
     sequences, total = [], 0
     for source in calibration_sources(sources):
         if source is None:
-            raise UsageError("lookup_corpus=builtin: the lookup corpus is text the target wrote; name "
-                             "`specc distill-data` files (or other JSONL/text files)")
+            raise UsageError(NOT_BUILTIN)
         for prompt in load_prompt_set(source).prompts:
             ids = tokenizer(prompt.text, add_special_tokens=False, verbose=False)["input_ids"]
             if total + len(ids) > max_tokens:

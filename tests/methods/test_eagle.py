@@ -198,10 +198,13 @@ def test_a_lookup_corpus_is_kept_in_the_engine_and_drafts_as_a_third_branch(chec
     assert "lookup_corpus: [[" in capsys.readouterr().out
 
 
-def test_a_missing_lookup_corpus_is_refused_before_loading(checkpoints, tmp_path):
+def test_a_missing_or_builtin_lookup_corpus_is_refused_before_loading(checkpoints, tmp_path):
     with pytest.raises(UsageError, match="lookup_corpus=.*no such file"):
         compile_engine(CompileRequest(model=str(checkpoints("llama")[0]), method="eagle", output=tmp_path / "e",
                                       max_seq_len=MAX_SEQ_LEN, settings=[f"lookup_corpus={tmp_path}/none.jsonl"]))
+    with pytest.raises(UsageError, match="text the target wrote"):
+        compile_engine(CompileRequest(model=str(checkpoints("llama")[0]), method="eagle", output=tmp_path / "e",
+                                      max_seq_len=MAX_SEQ_LEN, settings=["lookup_corpus=builtin"]))
     assert not (tmp_path / "e").exists()
 
 

@@ -55,7 +55,7 @@ def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
 
 def _validate(config: EagleConfig, model_config) -> None:
     """Before any weights load: the fused layers must exist, and the training text too."""
-    from specc.contract.validation import check_calibration_data
+    from specc.contract.validation import check_calibration_data, check_lookup_corpus
     from specc.errors import UsageError
 
     layers = getattr(model_config, "num_hidden_layers", None)
@@ -67,7 +67,7 @@ def _validate(config: EagleConfig, model_config) -> None:
                          f"{layers} (t: the state entering layer t; {layers}: the last layer's output)")
     check_calibration_data(config.calib_data)
     if config.lookup_corpus:
-        check_calibration_data(config.lookup_corpus, "lookup_corpus")
+        check_lookup_corpus(config.lookup_corpus)
 
 
 METHOD = MethodDescriptor(
