@@ -33,7 +33,6 @@ def check_lookup_corpus(value: str) -> None:
     exists, and none is the built-in corpus (not text the target wrote)."""
     from specc.data.token_corpus import NOT_BUILTIN
 
-    for source in calibration_sources(value):
-        if source is None:
-            raise UsageError(NOT_BUILTIN)
-        check_data_file(source, "lookup_corpus")
+    if None in calibration_sources(value):
+        raise UsageError(NOT_BUILTIN)
+    check_calibration_data(value, "lookup_corpus")

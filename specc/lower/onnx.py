@@ -100,8 +100,8 @@ class OnnxBackend(Backend):
         """Torch on one thread while the engine generates, unless it runs torch segments:
         between session calls torch does only small ops (argmax, indexing), and its OpenMP
         threads fought onnxruntime's pool for the cores and slowed a shallow-exit
-        self-speculative engine, while plain decoding was unchanged (measured:
-        benchmarks/NOTES.md#onnx-runtime-on-2-threads-and-kangaroos-current-defaults)."""
+        self-speculative engine, while plain decoding was unchanged (measured: benchmarks/NOTES.md,
+        "ONNX Runtime on 2 threads")."""
         return contextlib.nullcontext() if run_time_segments else torch_threads(1)
 
 

@@ -45,7 +45,6 @@ from specc.runtime.tree import tree_from_parents
 
 
 LOOKUP_CORPUS_KEY = "lookup_corpus"   # method state: the lookup corpus's texts as token ids
-CORPUS_MAX_NGRAM = 4                  # longest suffix the corpus branch matches
 
 
 @dataclass
@@ -209,7 +208,7 @@ def build_runtime(context, config: EagleConfig) -> MethodRuntime:
     if context.state.get(LOOKUP_CORPUS_KEY):
         from specc.runtime.corpus_lookup import CorpusDrafter
 
-        branches["corpus"] = CorpusDrafter(context.state[LOOKUP_CORPUS_KEY], CORPUS_MAX_NGRAM, config.lookup_tokens)
+        branches["corpus"] = CorpusDrafter(context.state[LOOKUP_CORPUS_KEY], num_draft_tokens=config.lookup_tokens)
     if len(branches) > 1:
         from specc.runtime.compose import ComposedDrafter
 
