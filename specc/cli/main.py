@@ -271,15 +271,15 @@ def _add_distill_draft(verbs):
 
 
 def _add_export(verbs):
+    from specc.export import FORMATS
+
+    formats = "; ".join(f"{f.name}: {f.help}" for f in FORMATS.values())
     p = _verb(verbs, "export", "write an engine's trained drafter in another runtime's checkpoint layout",
               "  specc export engines/eagle --format eagle3 -o drafts/eagle3\n"
               "  vllm serve MODEL --speculative-config '{\"method\": \"eagle3\", \"model\": \"drafts/eagle3\"}'\n",
-              description="Write the trained head of an engine as a checkpoint another runtime loads. eagle3: an "
-                          "`eagle` engine's head as the EAGLE-3 draft (config.json, model.safetensors) that vLLM's "
-                          "and SGLang's LlamaForCausalLMEagle3 read; the layout was checked against their loader "
-                          "source, not run (docs/export.md).")
+              description=f"Write the trained drafter of an engine as a checkpoint another runtime loads. {formats}.")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
-    p.add_argument("--format", required=True, choices=["eagle3"], help="checkpoint layout to write")
+    p.add_argument("--format", required=True, choices=list(FORMATS), help="checkpoint layout to write")
     p.add_argument("-o", "--output", required=True, type=Path, help="directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
     p.add_argument("--target-config", type=Path, default=None, metavar="PATH",

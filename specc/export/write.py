@@ -7,60 +7,24 @@ an existing DIR is replaced only with `--force`.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from safetensors.torch import save_file
-
 from specc.engine.save import staging_dir
 from specc.errors import UsageError
-from specc.export.eagle3 import Eagle3Draft, eagle3_draft
-from specc.export.eagle3_config import eagle3_config, read_target_config
+from specc.export.eagle3_format import EAGLE3
 from specc.export.engine_files import EngineFiles
+from specc.export.format import ExportFormat, ExportReport, ExportRequest
 
-FORMATS = ("eagle3",)
-WEIGHTS = "model.safetensors"
-
-
-@dataclass(frozen=True)
-class ExportRequest:
-    engine: Path
-    output: Path
-    format: str = "eagle3"
-    force: bool = False
-    target_config: Path | None = None   # the target's config.json when the source checkpoint moved
-
-
-@dataclass
-class ExportReport:
-    output: Path
-    fused_layers: list[int]
-    draft_vocab_size: int
-    vocab_size: int
-    warnings: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        return (f"EAGLE-3 draft, draft vocabulary {self.draft_vocab_size} of {self.vocab_size} tokens, fusing the "
-                f"inputs of target layers {self.fused_layers}")
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (EAGLE3,)}
 
 
 def export_engine(request: ExportRequest) -> ExportReport:
-    if request.format not in FORMATS:
+    export_format = FORMATS.get(request.format)
+    if export_format is None:
         raise UsageError(f"--format {request.format!r} is not an export format; choose from {', '.join(FORMATS)}")
     _check_output(request)
     engine = EngineFiles.open(request.engine)
-    draft = eagle3_draft(engine)
-    target, target_path = read_target_config(engine, request.target_config)
-    config = eagle3_config(draft, engine, target, target_path)
-
     # force=True: `_check_output` has already refused a non-empty DIR without --force.
     with staging_dir(request.output, force=True) as staging:
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(draft.tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
-        (staging / "README.md").write_text(_readme(request, engine, draft, config, target_path))
-    return ExportReport(request.output, draft.fused_layers, draft.draft_vocab_size, draft.dims.vocab,
-                        draft.warnings)
+        return export_format.write(request, engine, staging)
 
 
 def _check_output(request: ExportRequest) -> None:
@@ -74,45 +38,3 @@ def _check_output(request: ExportRequest) -> None:
                          f"replace it")
     if output.parent.exists() and not output.parent.is_dir():
         raise UsageError(f"{output.parent} is a file, so {request.output} cannot be created inside it")
-
-
-def _readme(request: ExportRequest, engine: EngineFiles, draft: Eagle3Draft, config: dict,
-            target_path: Path | None) -> str:
-    manifest = engine.manifest
-    source = manifest.get("source_checkpoint", "TARGET")
-    reduced = "d2t" in draft.tensors
-    sglang_ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    files = [
-        "- `config.json`: a one-layer `LlamaForCausalLMEagle3` config. `eagle_aux_hidden_state_layer_ids` "
-        f"{config['eagle_aux_hidden_state_layer_ids']} (vLLM: the residual stream entering those target layers) "
-        f"and `eagle_config.eagle_aux_hidden_state_layer_ids` {sglang_ids} "
-        "(SGLang: the outputs of the layers before them) name the same three hidden states.",
-        f"- `{WEIGHTS}`: `fc`, `midlayer.*`, `norm` and `lm_head` ({draft.draft_vocab_size} rows"
-        + (", in ascending target-id order), with `d2t` (draft row i is target token i + d2t[i]) and `t2d` "
-           "(True for the target ids the draft proposes)." if reduced else
-           ", row i is target token i; no d2t/t2d, as the head covers the whole vocabulary).")
-        + " No embedding: vLLM and SGLang share the target's.",
-        "- `README.md`: this file.",
-    ]
-    lines = [
-        "# EAGLE-3 draft exported by specc", "",
-        f"Exported by `specc export {request.engine} --format {request.format}` from a specc `{manifest['method']}` "
-        f"engine (specc {manifest.get('versions', {}).get('specc', '?')}, {manifest['dtype']}, compiled from "
-        f"`{source}`; weights/added.safetensors sha256 "
-        f"{manifest['files'].get('weights/added.safetensors', '-')}).",
-        f"The target config came from `{target_path}`." if target_path else
-        "No target config.json was readable: shapes and RoPE came from the engine's manifest.",
-        "", "## Files", "", *files, "",
-        "## Serving (commands not run by specc; the layout was checked against the loaders' source)", "",
-        "```bash",
-        f"vllm serve {source} --speculative-config "
-        f"'{{\"method\": \"eagle3\", \"model\": \"{request.output}\", \"num_speculative_tokens\": 3}}'",
-        f"python -m sglang.launch_server --model-path {source} --speculative-algorithm EAGLE3 "
-        f"--speculative-draft-model-path {request.output} --speculative-num-steps 3 "
-        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
-        "```", "",
-        "The target must be the checkpoint the engine was compiled from (same weights, same tokenizer).",
-    ]
-    if draft.warnings:
-        lines += ["", "## Warnings", "", *[f"- {w}" for w in draft.warnings]]
-    return "\n".join(lines) + "\n"

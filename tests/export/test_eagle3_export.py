@@ -429,7 +429,7 @@ def test_an_existing_output_is_kept_unless_forced(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monkeypatch):
-    from specc.export import write
+    from specc.export import eagle3_format
 
     engine = make_engine(tmp_path)
     out = tmp_path / "out"
@@ -439,7 +439,7 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monkey
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(write, "save_file", fail)
+    monkeypatch.setattr(eagle3_format, "save_file", fail)
     with pytest.raises(OSError, match="disk full"):
         export(engine, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
