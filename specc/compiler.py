@@ -84,6 +84,9 @@ def compile_engine(request: CompileRequest) -> dict:
         trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress,
                                    device)
         config, method_state, trained_weights = trained.config or config, trained.state, trained.weights
+    if method.prepare is not None:
+        with progress.stage(f"preparing {method.name}'s data"):
+            method_state = {**method_state, **method.prepare(config, tokenizer)}
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None)

@@ -7,7 +7,10 @@ config (`MethodConfig` with `option` fields and a `VERSION`, inheriting the shar
 blocks `DistillationOptions`, `OptimizerOptions` and `CalibrationOptions` where it trains
 or calibrates), per-graph recipes (`GraphRecipe`: a source checkpoint and passes, starting
 from `infrastructure_passes()`), and `build_runtime`, which turns a `MethodContext` into a
-`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`). A pass
+`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`); drafters
+that keep the composition contract share one tree through `ComposedDrafter`, among them the
+n-gram drafters `NgramDrafter` (the context) and `CorpusDrafter` (a corpus a method's `prepare`
+tokenized at compile time with `corpus_token_sequences`, checked by `check_lookup_corpus`). A pass
 is a `GraphPass` returning a `PassResult`, and finds what it rewrites through
 `specc.graph.patterns`. A backend is a `Backend` registered under `specc.backends`.
 `examples/prompt_lookup` is a complete method written against this module alone;
@@ -23,20 +26,26 @@ from specc.contract.options import CalibrationOptions, DistillationOptions, Opti
 from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainingContext,
                                        TrainResult)
 from specc.contract.infrastructure import infrastructure_passes
+from specc.contract.validation import check_lookup_corpus
+from specc.data.token_corpus import corpus_token_sequences
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.compose import ComposedDrafter
 from specc.runtime.context import MethodContext
+from specc.runtime.corpus_lookup import CorpusDrafter
 from specc.runtime.drafter import Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.runtime.ngram import NgramDrafter
 from specc.runtime.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
 from specc.runtime.verification import Verification
 
 __all__ = [
-    "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "ConfigVersionError", "DistillationOptions",
+    "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "ComposedDrafter", "ConfigVersionError",
+    "CorpusDrafter", "DistillationOptions",
     "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
     "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "NgramDrafter",
     "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
     "TrainingContext", "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification",
-    "infrastructure_passes", "new_nodes", "option", "tree_from_parents", "tree_tensors",
+    "check_lookup_corpus", "corpus_token_sequences", "infrastructure_passes", "new_nodes", "option",
+    "tree_from_parents", "tree_tensors",
 ]

@@ -125,6 +125,9 @@ class MethodDescriptor:
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     # (training context, config, tokenizer) -> what training produced; it never touches the engine's program.
     train: Callable[[TrainingContext, MethodConfig, object], TrainResult] | None = None
+    # (config, tokenizer) -> method state computed at compile time without the model (a tokenized
+    # text corpus, say), kept in the engine beside training's state (`MethodContext.state`).
+    prepare: Callable[[MethodConfig, object], dict] | None = None
     # γ, the most tokens a round drafts, for the benchmark's S3D eq. 12 prediction (None: no fixed depth).
     draft_depth: Callable[[MethodConfig], int] | None = None
     # Whether `train` runs on whatever device the program's graphs are on (it puts its inputs there).

@@ -14,7 +14,9 @@ import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
-from specc.testing.checkpoints import assert_matches_hf_greedy, hf_greedy, varied_prompts
+from specc.errors import UsageError
+from specc.testing.checkpoints import (assert_matches_hf_greedy, hf_greedy, sample_calibration_text,
+                                         varied_prompts)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PROMPT_LOOKUP = EXAMPLES / "prompt_lookup"
@@ -36,6 +38,27 @@ def test_prompt_lookup_matches_hf_greedy(checkpoints, tmp_path, prompt_lookup_me
     assert sum(r.stats.accepted_tokens for r in results) > 0, "no n-gram draft was ever accepted"
     assert sum(r.stats.drafted_tokens for r in results) > sum(r.stats.accepted_tokens for r in results)
 
+
+
+def test_prompt_lookup_with_a_corpus_keeps_it_and_drafts_from_it_exactly(checkpoints, tmp_path, prompt_lookup_method):
+    target, _ = checkpoints("llama")
+    corpus = sample_calibration_text(target, tmp_path / "written.txt", 16, temperature=0.01)
+    compile_engine(CompileRequest(model=str(target), method="prompt-lookup", output=tmp_path / "e",
+                                  max_seq_len=96, settings=[f"lookup_corpus={corpus}"]))
+    engine = load_engine(tmp_path / "e")
+    assert len(engine.method_state["lookup_corpus"]) == 16, "the corpus is tokenized into the engine"
+    assert list(engine.drafter.branches) == ["lookup", "corpus"]
+    prompts = varied_prompts(12, 96, seed=11)
+    assert_matches_hf_greedy(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target, prompts, MAX_NEW_TOKENS)
+    assert engine.drafter.method_report()["branches"]["corpus"]["accepted_tokens"] > 0
+
+
+def test_prompt_lookup_refuses_a_missing_corpus_before_writing_anything(checkpoints, tmp_path, prompt_lookup_method):
+    with pytest.raises(UsageError, match="lookup_corpus=.*no such file"):
+        compile_engine(CompileRequest(model=str(checkpoints("llama")[0]), method="prompt-lookup",
+                                      output=tmp_path / "e", max_seq_len=96,
+                                      settings=[f"lookup_corpus={tmp_path}/none.jsonl"]))
+    assert not (tmp_path / "e").exists()
 
 def _installed() -> bool:
     try:

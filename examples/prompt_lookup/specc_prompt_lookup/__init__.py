@@ -7,14 +7,23 @@ target verifies; an n-gram drafter proposes). It is lossless for any
 sampling: its drafts are deterministic, so the loop's point-mass
 acceptance keeps the target's distribution. With `tree_width` > 1 each
 depth also offers the other tokens that followed the same suffix earlier.
+
+`lookup_corpus` adds what the target wrote elsewhere (`specc distill-data`
+files): tokenized into the engine at compile time (`prepare`), it drafts the
+most frequent continuation of the context's longest suffix in that text
+(`CorpusDrafter`), a second branch beside the context's
+(`ComposedDrafter`), where the context holds nothing to copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.extension import (TARGET, GraphRecipe, MethodConfig, MethodDescriptor, MethodRuntime, NgramDrafter,
-                             UsageError, infrastructure_passes, option)
+from specc.extension import (TARGET, ComposedDrafter, CorpusDrafter, GraphRecipe, MethodConfig, MethodDescriptor,
+                             MethodRuntime, NgramDrafter, UsageError, check_lookup_corpus, corpus_token_sequences,
+                             infrastructure_passes, option)
+
+CORPUS_KEY = "lookup_corpus"   # method state: the corpus's texts as token ids
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,9 @@ class PromptLookupConfig(MethodConfig):
     num_draft_tokens: int = option(8, "most tokens drafted per round (the matched continuation's length)")
     tree_width: int = option(1, "candidates per depth: 1 drafts a chain; k > 1 adds up to k-1 other tokens "
                                 "seen after the same suffix, most frequent first")
+    lookup_corpus: str = option("", "comma-separated files of text the target wrote (`specc distill-data` output) "
+                                    "whose continuations draft too, beside the context's; tokenized into the "
+                                    "engine at compile time")
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram <= 16:
@@ -35,8 +47,23 @@ class PromptLookupConfig(MethodConfig):
         super().__post_init__()   # cooperative: option blocks, if any, check their own fields
 
 
+def _validate(config: PromptLookupConfig, model_config) -> None:
+    if config.lookup_corpus:
+        check_lookup_corpus(config.lookup_corpus)
+
+
+def _prepare(config: PromptLookupConfig, tokenizer) -> dict:
+    if not config.lookup_corpus:
+        return {}
+    return {CORPUS_KEY: corpus_token_sequences(tokenizer, config.lookup_corpus)}
+
+
 def _build_runtime(context, config: PromptLookupConfig) -> MethodRuntime:
     drafter = NgramDrafter(config.max_ngram, config.min_ngram, config.num_draft_tokens, config.tree_width)
+    corpus = context.state.get(CORPUS_KEY)
+    if corpus:
+        drafter = ComposedDrafter({"lookup": drafter,
+                                   "corpus": CorpusDrafter(corpus, num_draft_tokens=config.num_draft_tokens)})
     return MethodRuntime(context.model("target"), drafter)
 
 
@@ -47,5 +74,7 @@ METHOD = MethodDescriptor(
     config_class=PromptLookupConfig,
     graphs=lambda config: {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes())},
     build_runtime=_build_runtime,
+    validate=_validate,
+    prepare=_prepare,
     draft_depth=lambda config: config.num_draft_tokens,
 )

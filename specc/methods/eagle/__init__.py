@@ -44,13 +44,18 @@ def _graphs(config: EagleConfig) -> dict[str, GraphRecipe]:
 
 
 def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
-    from specc.data.token_corpus import corpus_token_sequences
     from specc.methods.eagle.train import train_head
 
-    result = train_head(context, config, tokenizer)
-    if config.lookup_corpus:
-        result.state[LOOKUP_CORPUS_KEY] = corpus_token_sequences(tokenizer, config.lookup_corpus)
-    return result
+    return train_head(context, config, tokenizer)
+
+
+def _prepare(config: EagleConfig, tokenizer) -> dict:
+    """The lookup corpus, tokenized into the engine."""
+    from specc.data.token_corpus import corpus_token_sequences
+
+    if not config.lookup_corpus:
+        return {}
+    return {LOOKUP_CORPUS_KEY: corpus_token_sequences(tokenizer, config.lookup_corpus)}
 
 
 def _validate(config: EagleConfig, model_config) -> None:
@@ -78,6 +83,7 @@ METHOD = MethodDescriptor(
     graphs=_graphs,
     build_runtime=build_runtime,
     train=_train,
+    prepare=_prepare,
     trains_on_device=True,
     validate=_validate,
     draft_depth=lambda config: config.depth,
