@@ -69,8 +69,8 @@ def _build_runtime(context, config: PromptLookupConfig) -> MethodRuntime:
 
 METHOD = MethodDescriptor(
     name="prompt-lookup",
-    summary="drafts the continuation of the latest earlier occurrence of the last n tokens "
-            "(no draft model, no training; chain or tree)",
+    summary="drafts the continuation of the latest earlier occurrence of the last n tokens, in the context "
+            "or in text the target wrote (no draft model, no training; chain or tree)",
     config_class=PromptLookupConfig,
     graphs=lambda config: {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes())},
     build_runtime=_build_runtime,
