@@ -275,7 +275,7 @@ def _add_export(verbs):
 
     formats = "; ".join(f"{f.name}: {f.help}" for f in FORMATS.values())
     p = _verb(verbs, "export", "write an engine's trained drafter in another runtime's checkpoint layout",
-              "  specc export engines/eagle --format eagle3 -o drafts/eagle3\n"
+              "  specc export engines/smollm2 --format eagle3 -o drafts/eagle3\n"
               "  vllm serve MODEL --speculative-config '{\"method\": \"eagle3\", \"model\": \"drafts/eagle3\"}'\n",
               description=f"Write the trained drafter of an engine as a checkpoint another runtime loads. {formats}.")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")

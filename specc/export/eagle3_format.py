@@ -28,10 +28,22 @@ class Eagle3Report(ExportReport):
                 f"inputs of target layers {self.fused_layers}")
 
 
-def write_eagle3(request: ExportRequest, engine: EngineFiles, staging: Path) -> Eagle3Report:
+@dataclass(frozen=True)
+class Eagle3Export:
+    engine: EngineFiles
+    draft: Eagle3Draft
+    config: dict
+    target_path: Path | None
+
+
+def read_eagle3(request: ExportRequest, engine: EngineFiles) -> Eagle3Export:
     draft = eagle3_draft(engine)
     target, target_path = read_target_config(engine, request.target_config)
-    config = eagle3_config(draft, engine, target, target_path)
+    return Eagle3Export(engine, draft, eagle3_config(draft, engine, target, target_path), target_path)
+
+
+def write_eagle3(request: ExportRequest, export: Eagle3Export, staging: Path) -> Eagle3Report:
+    engine, draft, config, target_path = export.engine, export.draft, export.config, export.target_path
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(draft.tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
     (staging / "README.md").write_text(_readme(request, engine, draft, config, target_path))
@@ -85,4 +97,4 @@ EAGLE3 = ExportFormat(
     "eagle3",
     "an `eagle` engine's head as the EAGLE-3 draft (config.json, model.safetensors) that vLLM's and SGLang's "
     "LlamaForCausalLMEagle3 read; the layout was checked against their loader source, not run (docs/export.md)",
-    write_eagle3)
+    read_eagle3, write_eagle3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from specc.export.engine_files import EngineFiles
 
@@ -32,5 +32,8 @@ class ExportReport:
 class ExportFormat:
     name: str
     help: str    # what it writes and which runtimes read it (`specc export --help`)
-    # Fills `staging` (an empty directory renamed over the output once whole) from the engine.
-    write: Callable[[ExportRequest, EngineFiles, Path], ExportReport]
+    # Reads and checks what the format needs from the engine, before anything is written: a
+    # refused engine leaves no directory behind. Returns what `write` takes.
+    read: Callable[[ExportRequest, EngineFiles], Any]
+    # Fills `staging` (an empty directory renamed over the output once whole) from what `read` returned.
+    write: Callable[[ExportRequest, Any, Path], ExportReport]

@@ -21,10 +21,10 @@ def export_engine(request: ExportRequest) -> ExportReport:
     if export_format is None:
         raise UsageError(f"--format {request.format!r} is not an export format; choose from {', '.join(FORMATS)}")
     _check_output(request)
-    engine = EngineFiles.open(request.engine)
+    contents = export_format.read(request, EngineFiles.open(request.engine))
     # force=True: `_check_output` has already refused a non-empty DIR without --force.
     with staging_dir(request.output, force=True) as staging:
-        return export_format.write(request, engine, staging)
+        return export_format.write(request, contents, staging)
 
 
 def _check_output(request: ExportRequest) -> None:

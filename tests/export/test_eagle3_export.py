@@ -387,7 +387,8 @@ def test_a_fused_qkv_head_is_refused(tmp_path):
 
 def test_a_non_eagle_engine_is_refused(tmp_path):
     with pytest.raises(UsageError, match="method 'none'.*only engines of method 'eagle' export to eagle3"):
-        export(make_engine(tmp_path, method="none"), tmp_path / "out")
+        export(make_engine(tmp_path, method="none"), tmp_path / "drafts" / "out")
+    assert not (tmp_path / "drafts").exists(), "a refused engine is read before any directory is made"
 
 
 def test_unknown_trained_tensors_are_refused_not_dropped(tmp_path):
