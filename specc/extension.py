@@ -10,7 +10,7 @@ from `infrastructure_passes()`), and `build_runtime`, which turns a `MethodConte
 `MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`); drafters
 that keep the composition contract share one tree through `ComposedDrafter`, among them the
 n-gram drafters `NgramDrafter` (the context) and `CorpusDrafter` (a corpus a method's `prepare`
-tokenized at compile time with `corpus_token_sequences`, checked by `check_lookup_corpus`). A pass
+keeps with `corpus_state`, checked by `check_lookup_corpus`, read back by `corpus_branch`). A pass
 is a `GraphPass` returning a `PassResult`, and finds what it rewrites through
 `specc.graph.patterns`. A backend is a `Backend` registered under `specc.backends`.
 `examples/prompt_lookup` is a complete method written against this module alone;
@@ -27,13 +27,13 @@ from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodD
                                        TrainResult)
 from specc.contract.infrastructure import infrastructure_passes
 from specc.contract.validation import check_lookup_corpus
-from specc.data.token_corpus import corpus_token_sequences
+from specc.data.token_corpus import corpus_state, corpus_token_sequences
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.context import MethodContext
-from specc.runtime.corpus_lookup import CorpusDrafter
+from specc.runtime.corpus_lookup import CorpusDrafter, corpus_branch
 from specc.runtime.drafter import Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.runtime.ngram import NgramDrafter
 from specc.runtime.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
@@ -46,6 +46,7 @@ __all__ = [
     "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "NgramDrafter",
     "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
     "TrainingContext", "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification",
-    "check_lookup_corpus", "corpus_token_sequences", "infrastructure_passes", "new_nodes", "option",
+    "check_lookup_corpus", "corpus_branch", "corpus_state", "corpus_token_sequences", "infrastructure_passes",
+    "new_nodes", "option",
     "tree_from_parents", "tree_tensors",
 ]

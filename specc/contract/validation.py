@@ -30,9 +30,11 @@ def check_calibration_data(value: str | None, field: str = "calib_data") -> None
 
 def check_lookup_corpus(value: str) -> None:
     """Text for `specc.data.token_corpus.corpus_token_sequences`: every comma-separated source
-    exists, and none is the built-in corpus (not text the target wrote)."""
+    exists, and none is the built-in corpus (not text the target wrote). Empty: no corpus."""
     from specc.data.token_corpus import NOT_BUILTIN
 
+    if not value:
+        return
     if None in calibration_sources(value):
         raise UsageError(NOT_BUILTIN)
     check_calibration_data(value, "lookup_corpus")

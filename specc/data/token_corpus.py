@@ -9,6 +9,7 @@ from specc.errors import UsageError
 
 log = logging.getLogger(__name__)
 
+CORPUS_STATE_KEY = "lookup_corpus"   # method state: a lookup corpus's texts as token ids
 MAX_CORPUS_TOKENS = 262_144   # kept in the engine's manifest, which every load parses
 NOT_BUILTIN = ("lookup_corpus=builtin: the lookup corpus is text the target wrote; name `specc distill-data` "
                 "files (or other JSONL/text files)")
@@ -35,3 +36,9 @@ def corpus_token_sequences(tokenizer, sources: str, max_tokens: int = MAX_CORPUS
     if not sequences:
         raise UsageError(f"lookup_corpus={sources} holds no text")
     return sequences
+
+
+def corpus_state(tokenizer, sources: str) -> dict:
+    """Method state (a `prepare` result) holding the corpus `sources` names, tokenized; empty
+    without sources. `specc.runtime.corpus_lookup.corpus_branch` reads it back."""
+    return {CORPUS_STATE_KEY: corpus_token_sequences(tokenizer, sources)} if sources else {}

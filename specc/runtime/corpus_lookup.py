@@ -20,9 +20,17 @@ from collections import Counter, defaultdict
 
 import torch
 
+from specc.data.token_corpus import CORPUS_STATE_KEY
 from specc.errors import UsageError
 from specc.runtime.drafter import Draft, DraftBudget
 from specc.runtime.tree import TreeSpec, tree_tensors
+
+
+def corpus_branch(state: dict, num_draft_tokens: int = 8) -> CorpusDrafter | None:
+    """The drafter over the corpus a method's `prepare` kept (`specc.data.token_corpus.corpus_state`);
+    None when the engine holds none."""
+    sequences = state.get(CORPUS_STATE_KEY)
+    return CorpusDrafter(sequences, num_draft_tokens=num_draft_tokens) if sequences else None
 
 
 class CorpusDrafter:

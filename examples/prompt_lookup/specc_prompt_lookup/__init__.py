@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.extension import (TARGET, ComposedDrafter, CorpusDrafter, GraphRecipe, MethodConfig, MethodDescriptor,
-                             MethodRuntime, NgramDrafter, UsageError, check_lookup_corpus, corpus_token_sequences,
+from specc.extension import (TARGET, ComposedDrafter, GraphRecipe, MethodConfig, MethodDescriptor, MethodRuntime,
+                             NgramDrafter, UsageError, check_lookup_corpus, corpus_branch, corpus_state,
                              infrastructure_passes, option)
-
-CORPUS_KEY = "lookup_corpus"   # method state: the corpus's texts as token ids
 
 
 @dataclass(frozen=True)
@@ -48,22 +46,18 @@ class PromptLookupConfig(MethodConfig):
 
 
 def _validate(config: PromptLookupConfig, model_config) -> None:
-    if config.lookup_corpus:
-        check_lookup_corpus(config.lookup_corpus)
+    check_lookup_corpus(config.lookup_corpus)
 
 
 def _prepare(config: PromptLookupConfig, tokenizer) -> dict:
-    if not config.lookup_corpus:
-        return {}
-    return {CORPUS_KEY: corpus_token_sequences(tokenizer, config.lookup_corpus)}
+    return corpus_state(tokenizer, config.lookup_corpus)
 
 
 def _build_runtime(context, config: PromptLookupConfig) -> MethodRuntime:
     drafter = NgramDrafter(config.max_ngram, config.min_ngram, config.num_draft_tokens, config.tree_width)
-    corpus = context.state.get(CORPUS_KEY)
-    if corpus:
-        drafter = ComposedDrafter({"lookup": drafter,
-                                   "corpus": CorpusDrafter(corpus, num_draft_tokens=config.num_draft_tokens)})
+    corpus = corpus_branch(context.state, config.num_draft_tokens)
+    if corpus is not None:
+        drafter = ComposedDrafter({"lookup": drafter, "corpus": corpus})
     return MethodRuntime(context.model("target"), drafter)
 
 

@@ -27,7 +27,7 @@ from specc.contract.infrastructure import infrastructure_passes
 from specc.methods.eagle.attach_eagle_head import AttachEagleHead
 from specc.methods.eagle.config import EagleConfig, parse_layers
 from specc.methods.eagle.expose_fused_features import ExposeFusedFeatures, FusedFeaturesConfig
-from specc.methods.eagle.runtime import LOOKUP_CORPUS_KEY, build_runtime
+from specc.methods.eagle.runtime import build_runtime
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 
@@ -51,11 +51,9 @@ def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
 
 def _prepare(config: EagleConfig, tokenizer) -> dict:
     """The lookup corpus, tokenized into the engine."""
-    from specc.data.token_corpus import corpus_token_sequences
+    from specc.data.token_corpus import corpus_state
 
-    if not config.lookup_corpus:
-        return {}
-    return {LOOKUP_CORPUS_KEY: corpus_token_sequences(tokenizer, config.lookup_corpus)}
+    return corpus_state(tokenizer, config.lookup_corpus)
 
 
 def _validate(config: EagleConfig, model_config) -> None:
@@ -71,8 +69,7 @@ def _validate(config: EagleConfig, model_config) -> None:
         raise UsageError(f"--set fused_layers={config.fused_layers} must name layers 1..{layers} of the model's "
                          f"{layers} (t: the state entering layer t; {layers}: the last layer's output)")
     check_calibration_data(config.calib_data)
-    if config.lookup_corpus:
-        check_lookup_corpus(config.lookup_corpus)
+    check_lookup_corpus(config.lookup_corpus)
 
 
 METHOD = MethodDescriptor(

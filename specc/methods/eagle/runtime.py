@@ -44,9 +44,6 @@ from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import tree_from_parents
 
 
-LOOKUP_CORPUS_KEY = "lookup_corpus"   # method state: the lookup corpus's texts as token ids
-
-
 @dataclass
 class _Growth:
     """The candidate pool of one round: node 0 is the root."""
@@ -205,10 +202,11 @@ def build_runtime(context, config: EagleConfig) -> MethodRuntime:
         from specc.runtime.ngram import NgramDrafter
 
         branches["lookup"] = NgramDrafter(config.lookup_max_ngram, 1, config.lookup_tokens, 1)
-    if context.state.get(LOOKUP_CORPUS_KEY):
-        from specc.runtime.corpus_lookup import CorpusDrafter
+    from specc.runtime.corpus_lookup import corpus_branch
 
-        branches["corpus"] = CorpusDrafter(context.state[LOOKUP_CORPUS_KEY], num_draft_tokens=config.lookup_tokens)
+    corpus = corpus_branch(context.state, config.lookup_tokens)
+    if corpus is not None:
+        branches["corpus"] = corpus
     if len(branches) > 1:
         from specc.runtime.compose import ComposedDrafter
 
