@@ -115,7 +115,9 @@ def _print_stats(s) -> None:
 
 def chat(args, stdin=None) -> int:
     """The REPL: each line is a user turn; the whole conversation is re-encoded through the chat
-    template every turn. Oldest turns are dropped when the conversation outgrows the engine."""
+    template every turn, and only what the previous turn did not leave in the KV cache is
+    prefilled (`specc.runtime.prefix_reuse`). Oldest turns are dropped when the conversation
+    outgrows the engine."""
     from specc.data.chat import conversation_ids, has_chat_template
     from specc.engine.loaded import load_engine
     from specc.runtime.textgen import generate_text
@@ -164,7 +166,7 @@ def chat(args, stdin=None) -> int:
         stream = not args.no_stream
         try:
             result = generate_text(engine, ids, args.max_new_tokens, sampling, _stops(args),
-                                   on_text=_write if stream else None)
+                                   on_text=_write if stream else None, reuse_prefix=not args.no_prefix_reuse)
         except KeyboardInterrupt:
             print("\n(reply stopped)", file=sys.stderr)
             continue

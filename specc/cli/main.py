@@ -144,6 +144,7 @@ def _add_chat(verbs):
     p.add_argument("--system", default=None, metavar="TEXT", help="a system message opening the conversation")
     _sampling_options(p, max_new_tokens=256)
     p.add_argument("--no-stream", action="store_true", help="print each reply once it is complete")
+    _prefix_reuse_option(p, "turn")
     return p
 
 
@@ -168,7 +169,14 @@ def _add_serve(verbs):
     p.add_argument("--backend", default=None,
                    help="override the engine's backend with one that lowers at load time (eager, inductor)")
     _device_option(p, "the engine runs (an aoti engine: where it was compiled for)")
+    _prefix_reuse_option(p, "request")
     return p
+
+
+def _prefix_reuse_option(p, unit: str) -> None:
+    p.add_argument("--no-prefix-reuse", action="store_true",
+                   help=f"prefill each {unit}'s whole prompt; by default only what the previous generation did "
+                        f"not leave in the KV cache is (methods that cannot resume always prefill whole)")
 
 
 def _add_methods(verbs):

@@ -24,6 +24,7 @@ from specc.lower.registry import get_backend
 from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
+from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
 
@@ -75,6 +76,8 @@ class LoadedEngine:
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
         # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
         self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None
+        self.reuses_prefixes = resumable(self.runtime.target, self.runtime.drafter)
+        self._prefix = PrefixReuse()
         self._tokenizer = None
 
     @property
@@ -100,18 +103,40 @@ class LoadedEngine:
         return self._tokenizer
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,
-                     sampling: SamplingConfig = SamplingConfig(), on_tokens=None) -> GenerationResult:
+                     sampling: SamplingConfig = SamplingConfig(), on_tokens=None,
+                     reuse_prefix: bool = False) -> GenerationResult:
+        """`reuse_prefix`: prefill only what the previous generation's cache does not already
+        hold (`specc.runtime.prefix_reuse`; engines whose method cannot resume prefill whole)."""
+        reused = self._reusable(prompt_ids, reuse_prefix)
         with self.generation_scope():
-            return generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
-                            self.max_seq_len, on_tokens=on_tokens, max_rows=self.max_draft_rows)
+            result = generate(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
+                              self.max_seq_len, on_tokens=on_tokens, max_rows=self.max_draft_rows, reused=reused)
+        self._keep(prompt_ids, result)
+        return result
 
-    def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()):
+    def rounds(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+               reuse_prefix: bool = False):
         """The decoding loop as a generator (`specc.runtime.generate.stream`: send, yield
         each round's tokens, return the result). Each round runs under the backend's
-        generation scope; the caller's code between rounds runs outside it."""
+        generation scope; the caller's code between rounds runs outside it.
+        `reuse_prefix` as for `generate_ids`."""
+        reused = self._reusable(prompt_ids, reuse_prefix)
         steps = stream(self.runtime.target, self.runtime.drafter, prompt_ids, max_new_tokens, sampling,
-                       self.max_seq_len, self.max_draft_rows)
-        return (yield from _each_step_in(self.generation_scope, steps))
+                       self.max_seq_len, self.max_draft_rows, reused)
+        result = yield from _each_step_in(self.generation_scope, steps)
+        self._keep(prompt_ids, result)
+        return result
+
+    def _reusable(self, prompt_ids: list[int], reuse_prefix: bool) -> int:
+        """Prompt tokens the cache already holds, and forgets them: the generation about to
+        start overwrites the cache, and only one that finishes says what it holds."""
+        reused = self._prefix.usable(prompt_ids, self.runtime.target) if reuse_prefix and self.reuses_prefixes else 0
+        self._prefix.forget()
+        return reused
+
+    def _keep(self, prompt_ids: list[int], result: GenerationResult) -> None:
+        if self.reuses_prefixes:
+            self._prefix.keep(prompt_ids, result.token_ids, self.runtime.target)
 
     def generation_scope(self):
         """The backend's thread settings while this engine generates (timing its graphs directly too)."""

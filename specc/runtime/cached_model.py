@@ -28,6 +28,8 @@ LOGITS_ROLE = "logits"
 
 
 class CachedModel:
+    resumable = True   # the KV cache is all its per-token state (specc.runtime.prefix_reuse)
+
     def __init__(self, forward: Callable, signature: GraphSignature, architecture: ArchitectureSummary,
                  max_seq_len: int, dtype: torch.dtype, device="cpu", cache: KVCache | None = None):
         """`cache` lets a draft graph of the target (self-speculation) share the target's KV."""

@@ -129,6 +129,11 @@ class ComposedDrafter:
         self.accepted_tokens = 0
         self._round: _Round | None = None
 
+    @property
+    def resumable(self) -> bool:
+        """Whether it may begin after a reused prefix: when every branch may."""
+        return all(getattr(drafter, "resumable", False) for drafter in self.branches.values())
+
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         self._round = None
         for drafter in self.branches.values():

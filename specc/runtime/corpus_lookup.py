@@ -35,6 +35,7 @@ def corpus_branch(state: dict, num_draft_tokens: int = 8) -> CorpusDrafter | Non
 
 class CorpusDrafter:
     composable = True   # proposals read only the token list; observe learns nothing
+    resumable = True    # and begin reads no prefill
     draft_cost = 0.0    # a dictionary lookup per drafted token
 
     def __init__(self, sequences: list[list[int]], max_ngram: int = 4, num_draft_tokens: int = 8):

@@ -65,7 +65,9 @@ class Target(Protocol):
 class Drafter(Protocol):
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         """Start a new sequence (reset any per-sequence state); `prefill` is the
-        target's forward over the prompt."""
+        target's forward over the prompt. A drafter with a true `resumable` attribute
+        may be shown a forward over the prompt's last rows only (from `prefill.slots[0]`),
+        the rest reused from the previous generation (`specc.runtime.prefix_reuse`)."""
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:

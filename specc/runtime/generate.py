@@ -24,11 +24,11 @@ class GenerationResult:
 
 def generate(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
              sampling: SamplingConfig, max_seq_len: int, on_tokens=None,
-             max_rows: int | None = None) -> GenerationResult:
+             max_rows: int | None = None, reused: int = 0) -> GenerationResult:
     """Decode after `prompt_ids`; `on_tokens(ids)`, if given, is called with each
     round's newly accepted tokens as soon as they are known. `max_rows` caps a
-    draft's nodes, root included (see `stream`)."""
-    rounds = stream(target, drafter, prompt_ids, max_new_tokens, sampling, max_seq_len, max_rows)
+    draft's nodes, root included, and `reused` skips a cached prefix (see `stream`)."""
+    rounds = stream(target, drafter, prompt_ids, max_new_tokens, sampling, max_seq_len, max_rows, reused)
     while True:
         try:
             emitted = next(rounds)
@@ -39,7 +39,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: list[int], max
 
 
 def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
-           sampling: SamplingConfig, max_seq_len: int, max_rows: int | None = None):
+           sampling: SamplingConfig, max_seq_len: int, max_rows: int | None = None, reused: int = 0):
     """A generator of each round's accepted token ids (the first: the prefill's
     token); its return value (StopIteration.value) is the `GenerationResult`.
     Inference mode is held only while the loop works, never across a yield.
@@ -53,16 +53,23 @@ def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_n
     matches plain decoding of the same engine where kernels round differently
     for more rows (reduced precision). Under it a draft is also kept to rows a
     one-row step would reproduce: within one key block (`rows_in_key_block`)
-    and a chain, each node in the slot right after its parent (`exact_chain`)."""
+    and a chain, each node in the slot right after its parent (`exact_chain`).
+
+    `reused` > 0: the target's cache already holds the K/V of the first `reused` prompt
+    tokens (`specc.runtime.prefix_reuse`), so only the rest is prefilled, and the
+    drafter begins from that partial prefill."""
     check_lengths(len(prompt_ids), max_new_tokens, max_seq_len)
+    if not 0 <= reused < len(prompt_ids):
+        raise ValueError(f"reused={reused} must leave at least the last of the {len(prompt_ids)} prompt tokens")
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     stats = GenerationStats()
     eos = set(target.architecture.eos_token_ids)
     start = time.perf_counter()
     with torch.inference_mode():
         prompt = torch.tensor(prompt_ids, dtype=torch.long, device=target.device)
-        prefill = target.prefill(prompt, 0)
+        prefill = target.prefill(prompt[reused:], reused)
         tokens = list(prompt_ids) + [_choose(prefill.logits[-1], sampling, generator)]
+        stats.reused_prompt_tokens = reused
         stats.target_forward_passes += 1
         stats.prefill_seconds = time.perf_counter() - start
         if drafter is not None:

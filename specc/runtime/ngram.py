@@ -25,8 +25,9 @@ class NgramDrafter:
     most `num_draft_tokens` depths are drafted, with up to `tree_width` candidates each."""
 
     # Its proposals read only the token list and its observe learns nothing, so it may share
-    # a merged draft with other drafters (`ComposedDrafter`).
+    # a merged draft with other drafters (`ComposedDrafter`) and begin after a reused prefix.
     composable = True
+    resumable = True
     draft_cost = 0.0   # pure Python over the token list: composed drafters ask it first
 
     def __init__(self, max_ngram: int, min_ngram: int, num_draft_tokens: int, tree_width: int = 1):

@@ -14,6 +14,7 @@ class GenerationStats:
     accepted_per_round: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)
     draft_steps_per_round: list[int] = field(default_factory=list)   # tree depth: sequential draft steps
+    reused_prompt_tokens: int = 0   # leading prompt tokens whose K/V an earlier generation left (no prefill)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -65,6 +66,7 @@ class GenerationStats:
             "tokens_per_second": round(self.tokens_per_second, 3),
             "wall_seconds": round(self.wall_seconds, 4),
             "prefill_seconds": round(self.prefill_seconds, 4),
+            "reused_prompt_tokens": self.reused_prompt_tokens,
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
         }

@@ -26,11 +26,12 @@ class TextGeneration:
 
 def generate_text(engine, prompt_ids: list[int], max_new_tokens: int, sampling, stop: Sequence[str] = (),
                   on_text: Callable[[str], None] | None = None,
-                  should_abort: Callable[[], bool] | None = None) -> TextGeneration:
+                  should_abort: Callable[[], bool] | None = None, reuse_prefix: bool = False) -> TextGeneration:
     """Generate after `prompt_ids` with a `LoadedEngine`; `on_text(piece)` streams the text.
-    `should_abort()` is asked after every round (e.g. a client that went away)."""
+    `should_abort()` is asked after every round (e.g. a client that went away). `reuse_prefix`
+    prefills only what the previous generation left uncached (`specc.runtime.prefix_reuse`)."""
     stops = [s for s in stop if s]
-    rounds = engine.rounds(prompt_ids, max_new_tokens, sampling)
+    rounds = engine.rounds(prompt_ids, max_new_tokens, sampling, reuse_prefix=reuse_prefix)
     delta = TextDelta(engine.tokenizer)
     text, sent, stopped, ask = "", 0, False, None
     while True:

@@ -11,7 +11,9 @@ OpenAI's; 0 decodes greedily), top_p, seed, stop (a string or up to 4),
 stream (server-sent events ending with ``data: [DONE]``) and n (only 1).
 Unsupported features (echo, logprobs, n > 1, tools) and malformed values
 get 400 with an OpenAI-style error body; a full queue gets 503. Responses
-carry the usual usage counts and, as an extension, ``specc`` statistics
+carry the usual usage counts (``prompt_tokens_details.cached_tokens``: the
+prompt tokens whose KV the previous request left, which were not prefilled;
+see `specc.runtime.prefix_reuse`) and, as an extension, ``specc`` statistics
 (mean accepted length, acceptance rate, tokens/s).
 """
 
@@ -132,9 +134,10 @@ def _message_text(message, index: int) -> tuple[str, str]:
 
 
 class SpeccServer:
-    def __init__(self, engine, model_name: str, max_queue: int = 16):
+    def __init__(self, engine, model_name: str, max_queue: int = 16, reuse_prefix: bool = True):
         self.engine = engine
         self.model_name = model_name
+        self.reuse_prefix = reuse_prefix
         self.worker = Worker(max_queue)
         self.created = int(time.time())
 
@@ -190,13 +193,14 @@ class SpeccServer:
 
         def work(job):
             return generate_text(self.engine, prompt_ids, max_tokens, sampling, params.stop, on_text=on_text,
-                                 should_abort=job.cancelled.is_set)
+                                 should_abort=job.cancelled.is_set, reuse_prefix=self.reuse_prefix)
 
         return self.worker.submit(work)
 
     def usage(self, prompt_ids: list[int], result) -> dict:
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
-                "total_tokens": len(prompt_ids) + len(result.token_ids)}
+                "total_tokens": len(prompt_ids) + len(result.token_ids),
+                "prompt_tokens_details": {"cached_tokens": result.stats.reused_prompt_tokens}}
 
     @staticmethod
     def specc_stats(result) -> dict:
@@ -211,11 +215,11 @@ def _target_graph(engine) -> str:
     return "target" if "target" in graphs else next(iter(graphs))
 
 
-def create_app(engine, model_name: str, max_queue: int = 16, on_startup=None):
+def create_app(engine, model_name: str, max_queue: int = 16, on_startup=None, reuse_prefix: bool = True):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    server = SpeccServer(engine, model_name, max_queue)
+    server = SpeccServer(engine, model_name, max_queue, reuse_prefix)
     from contextlib import asynccontextmanager
 
     @asynccontextmanager

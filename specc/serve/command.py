@@ -29,7 +29,7 @@ def serve(args) -> int:
         print(f"specc: serving {args.engine} as model {name!r} ({engine.method.name}) at {url}/v1 "
               f"(Ctrl-C stops)", file=sys.stderr, flush=True)
 
-    app = create_app(engine, name, args.max_queue, on_startup=started)
+    app = create_app(engine, name, args.max_queue, on_startup=started, reuse_prefix=not args.no_prefix_reuse)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
                             access_log=args.verbose, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)

@@ -241,3 +241,24 @@ def test_chat_repl_keeps_the_conversation(workspace, monkeypatch, capsys):
     assert [m["content"] for m in seen[0]] == ["w5 w6"]
     assert [m["content"] for m in seen[1]] == ["w7"], "/reset starts a new conversation"
     assert [m["role"] for m in seen[2]] == ["user", "assistant", "user"] and seen[2][0]["content"] == "w7"
+
+
+@pytest.mark.parametrize("flag, reuses", [([], True), (["--no-prefix-reuse"], False)])
+def test_a_chat_turn_prefills_only_what_the_last_turn_did_not_leave_cached(workspace, monkeypatch, capsys, flag,
+                                                                          reuses):
+    import specc.runtime.textgen
+    from specc.cli import generation
+
+    _, _, engine = workspace
+    reused = []
+    generate_text = specc.runtime.textgen.generate_text
+
+    def recording(*args, **kwargs):
+        result = generate_text(*args, **kwargs)
+        reused.append(result.stats.reused_prompt_tokens)
+        return result
+
+    monkeypatch.setattr(specc.runtime.textgen, "generate_text", recording)
+    args = build_parser().parse_args(["chat", str(engine), "--max-new-tokens", "4", "--no-stream", *flag])
+    assert generation.chat(args, stdin=io.StringIO("w5 w6\nw7\n")) == 0
+    assert reused[0] == 0 and (reused[1] > 0) == reuses

@@ -152,6 +152,14 @@ def test_completion_matches_specc_run_and_streams_the_same_text(client, engine):
     assert "".join(pieces) == expected["text"] and len([p for p in pieces if p]) > 1
 
 
+def test_a_request_extending_the_last_one_reuses_its_cache_and_matches_specc_run(client, engine):
+    first = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=6, temperature=0)
+    prompt = "w5 w6 w7 w9 w5"
+    second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert second.choices[0].text == _cli_text(engine, prompt, 6)["text"]
+
+
 def test_stop_strings(client, engine):
     full = _cli_text(engine, "w5 w6 w7", 16)["text"]
     stop = " " + full.split()[3]

@@ -79,6 +79,7 @@ class _Growth:
 
 class EagleDrafter:
     composable = True
+    resumable = True   # after a reused prefix the head's KV and the features it kept still hold there
 
     def __init__(self, head: CachedModel, config: EagleConfig, vocabulary: torch.Tensor | None,
                  hidden_size: int, dtype: torch.dtype):
@@ -93,8 +94,9 @@ class EagleDrafter:
         self._log_stop = _log(config.stop_probability) if config.stop_probability > 0 else -math.inf
 
     def begin(self, prompt: torch.Tensor, prefill) -> None:
-        self.head_len = 0
-        self.features[1: prompt.numel() + 1] = prefill.extras[FEATURE_OUTPUT]
+        start = int(prefill.slots[0])   # > 0 after a reused prefix (specc.runtime.prefix_reuse)
+        self.head_len = min(self.head_len, start)
+        self.features[start + 1: prompt.numel() + 1] = prefill.extras[FEATURE_OUTPUT]
 
     def observe(self, draft: Draft | None, acceptance, verification) -> None:
         rows = verification.extras[FEATURE_OUTPUT]
