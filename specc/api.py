@@ -59,20 +59,25 @@ class Engine:
         return self.loaded.manifest
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None) -> Generation:
+                 top_p: float = 1.0, seed: int | None = None, reuse_prefix: bool = False) -> Generation:
         """Text and ids after `prompt` (text, or token ids), with acceptance statistics.
-        temperature 0 decodes greedily (token-identical to HF greedy for lossless methods)."""
+        temperature 0 decodes greedily (token-identical to HF greedy for lossless methods).
+        `reuse_prefix` prefills only what the previous generation did not leave in the KV cache
+        (as `specc chat` does; docs/cli.md#prefix-reuse)."""
         ids = self._ids(prompt)
-        result = self.loaded.generate_ids(ids, max_new_tokens, _sampling(temperature, top_p, seed))
+        result = self.loaded.generate_ids(ids, max_new_tokens, _sampling(temperature, top_p, seed),
+                                          reuse_prefix=reuse_prefix)
         return Generation(self.tokenizer.decode(result.token_ids, skip_special_tokens=True), result.token_ids,
                           result.stats)
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
-               top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """The generated text piece by piece, as each round's tokens are accepted."""
+               top_p: float = 1.0, seed: int | None = None, reuse_prefix: bool = False) -> Iterator[str]:
+        """The generated text piece by piece, as each round's tokens are accepted
+        (`reuse_prefix` as for `generate`)."""
         from specc.runtime.textgen import TextDelta
 
-        rounds = self.loaded.rounds(self._ids(prompt), max_new_tokens, _sampling(temperature, top_p, seed))
+        rounds = self.loaded.rounds(self._ids(prompt), max_new_tokens, _sampling(temperature, top_p, seed),
+                                    reuse_prefix=reuse_prefix)
         text = TextDelta(self.tokenizer)
         for ids in rounds:
             piece = text.add(ids)

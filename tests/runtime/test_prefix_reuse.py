@@ -113,3 +113,16 @@ def test_in_bfloat16_prompt_lookup_reusing_matches_its_none_engine_reusing(compi
     assert all(t.stats.reused_prompt_tokens > 0 for t in drafted[1:])
     if model == "tiny":   # the wide random model's replies rarely repeat a token: nothing to look up
         assert sum(t.stats.drafted_tokens for t in drafted) > 0, "verifications ran, not only decode steps"
+
+
+def test_the_python_api_reuses_when_asked(compiled):
+    from specc.api import Engine
+
+    _, loaded = compiled("none", "float32")
+    engine = Engine(loaded)
+    first = engine.generate([5, 9, 14, 3], NEW, reuse_prefix=True)
+    again = engine.generate([5, 9, 14, 3, *first.token_ids, 7], NEW, reuse_prefix=True)
+    assert again.stats.reused_prompt_tokens == 3 + len(first.token_ids)
+    assert engine.generate([5, 9, 14, 3], NEW).stats.reused_prompt_tokens == 0
+    streamed = "".join(engine.stream([5, 9, 14, 3, 8], NEW, reuse_prefix=True))
+    assert streamed and loaded._prefix.tokens[:5] == [5, 9, 14, 3, 8]
