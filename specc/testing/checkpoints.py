@@ -231,6 +231,21 @@ def assert_matches_hf_greedy(generate_ids, checkpoint: Path, prompts: list[list[
     return results
 
 
+def assert_turns_reusing_match_hf_greedy(engine, checkpoint: Path, prompt: list[int], max_new_tokens: int,
+                                         turns: int = 3) -> int:
+    """Assert a `LoadedEngine` reusing its cache (`reuse_prefix`) reproduces HF greedy over
+    `turns` prompts, each the last one plus its reply plus the reply's first tokens again (so
+    lookups find something); returns the last turn's reused prompt tokens, > 0."""
+    assert engine.reuses_prefixes
+    for _ in range(turns):
+        result = engine.generate_ids(prompt, max_new_tokens, reuse_prefix=True)
+        assert result.token_ids == hf_greedy(checkpoint, [prompt], max_new_tokens)[0], f"prompt {prompt}"
+        reused = result.stats.reused_prompt_tokens
+        prompt = prompt + result.token_ids + result.token_ids[:4]
+    assert reused > 0
+    return reused
+
+
 # --- sampling-distribution helpers -------------------------------------------
 
 

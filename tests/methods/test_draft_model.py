@@ -28,7 +28,8 @@ from specc.runtime.context import MethodContext
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing.checkpoints import (TINY_VOCAB, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (TINY_VOCAB, assert_matches_hf_greedy, assert_samples_the_target,
+                           assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint,
                            recording_drafted_tokens, recording_rounds, sample_calibration_text, varied_prompts)
 
 MAX_SEQ_LEN = 96
@@ -91,6 +92,14 @@ def test_reduced_vocabulary_is_lossless_and_drafts_only_its_tokens(engines, one_
 
 
 @pytest.mark.shared_data
+def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
+    """The draft model resumes from its own KV cache."""
+    engine, target = engines("full")
+    reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
+                                                  MAX_NEW_TOKENS)
+    assert engine.drafter.cached_len > reused
+
+
 def test_reduced_head_has_draft_vocab_size_rows_and_is_recorded(engines):
     engine, _ = engines("builtin")
     ids = engine.method_state[DRAFT_VOCABULARY_KEY]

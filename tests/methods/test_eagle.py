@@ -24,7 +24,8 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
-                                       build_tiny_checkpoint, hf_greedy, recording_rounds, sample_calibration_text,
+                                       assert_turns_reusing_match_hf_greedy,
+                                       build_tiny_checkpoint, recording_rounds, sample_calibration_text,
                                        trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
@@ -175,14 +176,9 @@ def test_lookup_branch_shares_the_tree_and_stays_lossless(engines, one_thread, m
 def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
     """The head resumes from the features and head KV the last generation left."""
     engine, target = engines("llama")
-    assert engine.reuses_prefixes
-    prompt = varied_prompts(1, 96, seed=5)[0] + [7, 9, 11]
-    for _ in range(3):
-        result = engine.generate_ids(prompt, MAX_NEW_TOKENS, reuse_prefix=True)
-        assert result.token_ids == hf_greedy(target, [prompt], MAX_NEW_TOKENS)[0]
-        reused = result.stats.reused_prompt_tokens
-        prompt = prompt + result.token_ids + result.token_ids[:4]
-    assert reused > 0 and engine.drafter.head_len > reused
+    reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
+                                                  MAX_NEW_TOKENS)
+    assert engine.drafter.head_len > reused
 
 
 def test_lookup_setting_builds_a_composed_engine(checkpoints, tmp_path, one_thread):

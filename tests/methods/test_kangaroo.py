@@ -31,7 +31,8 @@ from specc.methods.kangaroo.train import adapter_parameters, train_adapter
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
+                           assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint,
                            recording_drafted_tokens, recording_rounds, sample_calibration_text, trained_engines,
                            varied_prompts)
 
@@ -131,6 +132,14 @@ def test_the_papers_attention_only_adapter_is_lossless(checkpoints, tmp_path, on
     assert not any(".mlp." in name or "post_attention_layernorm" in name for name in added)
     results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
     assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
+    """The adapter resumes from its KV and the exit states the last generation left."""
+    engine, target = engines("llama")
+    reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
+                                                  MAX_NEW_TOKENS)
+    assert engine.drafter.adapter_len > reused
 
 
 def test_under_an_exactness_cap_a_tree_config_drafts_chains(engines, one_thread):

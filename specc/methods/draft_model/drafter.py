@@ -23,6 +23,7 @@ from specc.runtime.verification import Verification
 
 
 class DraftModelDrafter:
+    resumable = True   # after a reused prefix its own KV still holds there
     def __init__(self, draft: CachedModel, config: DraftModelConfig, vocabulary: torch.Tensor | None = None):
         """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""
         self.draft = draft
@@ -34,7 +35,7 @@ class DraftModelDrafter:
         self._fed_chain = 0       # chain tokens fed back into the draft model
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        self.cached_len = 0
+        self.cached_len = min(self.cached_len, int(prefill.slots[0]))   # > 0 only after a reused prefix
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:

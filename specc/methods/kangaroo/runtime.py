@@ -43,6 +43,8 @@ class ExitVerifier:
     """The target for the loop: shallow layers where no exit state is known, then
     the deep layers on all rows. Both graphs write the same (target) cache."""
 
+    resumable = True   # its one KV cache is all its per-token state (specc.runtime.prefix_reuse)
+
     def __init__(self, shallow: CachedModel, deep: CachedModel):
         self.shallow = shallow
         self.deep = deep
@@ -58,6 +60,11 @@ class ExitVerifier:
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         self.deep.commit(base, accepted_offsets)
+
+    @property
+    def forward_passes(self) -> int:
+        """Calls of either graph, which share the cache (the drafter runs the shallow one too)."""
+        return self.shallow.forward_passes + self.deep.forward_passes
 
     def _forward(self, tokens, positions, slots, mask, known: dict) -> Verification:
         exits = torch.empty(tokens.numel(), self.architecture.hidden_size, dtype=self.deep.cache.tensors[0].dtype,
@@ -76,6 +83,8 @@ class ExitVerifier:
 
 
 class KangarooDrafter:
+    resumable = True   # after a reused prefix the adapter's KV and the exits it kept still hold there
+
     def __init__(self, shallow: CachedModel, adapter: CachedModel, config: KangarooConfig,
                  vocabulary: torch.Tensor | None = None):
         """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""
@@ -93,8 +102,9 @@ class KangarooDrafter:
         self._chain_exits: list[torch.Tensor] = []
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        self.adapter_len = 0
-        self.exits[: prompt.numel()] = prefill.extras[EXITS]
+        start = int(prefill.slots[0])   # > 0 after a reused prefix (specc.runtime.prefix_reuse)
+        self.adapter_len = min(self.adapter_len, start)
+        self.exits[start: prompt.numel()] = prefill.extras[EXITS]
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
