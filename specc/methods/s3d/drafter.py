@@ -23,6 +23,8 @@ from specc.runtime.verification import Verification
 
 
 class MaskTokenDrafter:
+    resumable = True   # it keeps nothing per sequence: it reads the target's committed KV
+
     def __init__(self, draft: CachedModel, config: S3DConfig):
         self.draft = draft
         self.config = config
