@@ -45,6 +45,8 @@ class SearchLimit:
 class SwiftDrafter:
     """Drafts with the skipping target; scores candidate skip sets between rounds."""
 
+    resumable = True   # it reads the target's committed KV; begin needs only the prompt's length
+
     def __init__(self, draft: CachedModel, config: SwiftConfig, search: LayerSetSearch,
                  compiled: CompiledSkipSet | None = None):
         self.draft = draft
