@@ -19,9 +19,10 @@ so both leave the same cache behind.
 
 Reuse needs a target whose KV cache is all of its per-token state and a
 drafter that can begin from a prefill of the prompt's last rows only: both
-say so with a true `resumable` attribute (a plain `CachedModel`; the n-gram
-drafters and compositions of resumable ones). Without them every prompt is
-prefilled whole.
+say so with a true `resumable` attribute (a plain `CachedModel`, say, or
+Kangaroo's exit verifier; drafters that keep nothing per token, or keep it
+only up to where the reused prefix ends), and a resumable target counts its
+calls in `forward_passes`. Without them every prompt is prefilled whole.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class PrefixReuse:
     def usable(self, prompt_ids: list[int], target) -> int:
         """How many leading prompt tokens need no prefill: their common prefix with the kept
         tokens, at most all but the last prompt token (its logits choose the first new token)."""
-        if getattr(target, "forward_passes", None) != self.target_calls:
+        if target.forward_passes != self.target_calls:
             return 0
         limit = min(len(self.tokens), len(prompt_ids) - 1)
         shared = 0

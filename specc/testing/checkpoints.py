@@ -231,18 +231,31 @@ def assert_matches_hf_greedy(generate_ids, checkpoint: Path, prompts: list[list[
     return results
 
 
-def assert_turns_reusing_match_hf_greedy(engine, checkpoint: Path, prompt: list[int], max_new_tokens: int,
-                                         turns: int = 3) -> int:
-    """Assert a `LoadedEngine` reusing its cache (`reuse_prefix`) reproduces HF greedy over
-    `turns` prompts, each the last one plus its reply plus the reply's first tokens again (so
-    lookups find something); returns the last turn's reused prompt tokens, > 0."""
-    assert engine.reuses_prefixes
+def reusing_turns(engine, prompt: list[int], max_new_tokens: int, turns: int = 3) -> list[tuple[list[int], object]]:
+    """(prompt, result) of `turns` generations of a `LoadedEngine` reusing its cache
+    (`reuse_prefix`), each prompt the last one plus its reply plus the reply's first tokens
+    again (so lookups find something)."""
+    done = []
     for _ in range(turns):
-        result = engine.generate_ids(prompt, max_new_tokens, reuse_prefix=True)
+        if done:
+            last_prompt, last = done[-1]
+            prompt = last_prompt + last.token_ids + last.token_ids[:4]
+        done.append((prompt, engine.generate_ids(prompt, max_new_tokens, reuse_prefix=True)))
+    return done
+
+
+def assert_turns_reusing_match_hf_greedy(engine, checkpoint: Path, prompt: list[int], max_new_tokens: int,
+                                         turns: int = 3) -> list[int]:
+    """Assert `reusing_turns` reproduce HF greedy, every turn after the first prefilling only
+    what the last one did not feed the target; returns each turn's reused prompt tokens."""
+    assert engine.reuses_prefixes
+    done = reusing_turns(engine, prompt, max_new_tokens, turns)
+    for prompt, result in done:
         assert result.token_ids == hf_greedy(checkpoint, [prompt], max_new_tokens)[0], f"prompt {prompt}"
-        reused = result.stats.reused_prompt_tokens
-        prompt = prompt + result.token_ids + result.token_ids[:4]
-    assert reused > 0
+    for (last_prompt, last), (_, result) in zip(done, done[1:]):
+        assert result.stats.reused_prompt_tokens == len(last_prompt) + len(last.token_ids) - 1
+    reused = [result.stats.reused_prompt_tokens for _, result in done]
+    assert reused[-1] > 0
     return reused
 
 

@@ -13,7 +13,7 @@ from specc.engine.loaded import load_engine
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.ngram import NgramDrafter
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
-from specc.testing.checkpoints import hf_greedy
+from specc.testing.checkpoints import assert_turns_reusing_match_hf_greedy, reusing_turns
 
 NEW = 12
 
@@ -62,35 +62,11 @@ def compiled(checkpoints, wide_checkpoint, prompt_lookup_method, tmp_path_factor
     return get
 
 
-def _next_prompt(prompt: list[int], reply: list[int], user: list[int]) -> list[int]:
-    """The last turn's prompt and reply, then a user turn quoting the reply's start (which
-    prompt lookup finds earlier in the context, so it drafts)."""
-    return prompt + reply + user + reply[:3]
-
-
-def _conversation(engine, first: list[int], follow_ups: list[list[int]]) -> list:
-    results, prompt = [], list(first)
-    for user in [None, *follow_ups]:
-        if user is not None:
-            prompt = _next_prompt(prompt, results[-1].token_ids, user)
-        results.append(engine.generate_ids(prompt, NEW, reuse_prefix=True))
-    return results
-
-
 @pytest.mark.parametrize("method", ["none", "prompt-lookup"])
 def test_a_float32_turn_prefills_only_its_new_tokens_and_matches_hf_greedy(compiled, method):
     checkpoint, engine = compiled(method, "float32")
-    first, follow_ups = [5, 9, 14, 3, 22], [[7, 8], [30, 31, 32]]
-    turns = _conversation(engine, first, follow_ups)
-    prompt = list(first)
-    for turn, more in zip(turns, [None, *follow_ups]):
-        if more is not None:
-            assert turn.stats.reused_prompt_tokens == len(prompt) + len(previous.token_ids) - 1
-            prompt = _next_prompt(prompt, previous.token_ids, more)
-        else:
-            assert turn.stats.reused_prompt_tokens == 0
-        assert turn.token_ids == hf_greedy(checkpoint, [prompt], NEW)[0]
-        previous = turn
+    reused = assert_turns_reusing_match_hf_greedy(engine, checkpoint, [5, 9, 14, 3, 22], NEW)
+    assert reused[0] == 0
 
 
 def test_a_diverging_prompt_reuses_only_the_shared_part_and_other_calls_end_reuse(compiled):
@@ -106,8 +82,9 @@ def test_a_diverging_prompt_reuses_only_the_shared_part_and_other_calls_end_reus
 def test_in_bfloat16_prompt_lookup_reusing_matches_its_none_engine_reusing(compiled, model):
     _, none = compiled("none", "bfloat16", model)
     _, lookup = compiled("prompt-lookup", "bfloat16", model)
-    first, follow_ups = [5, 9, 14, 3, 22, 5, 9, 14], [[7, 8, 5, 9], [30, 31, 14, 3]]
-    plain, drafted = _conversation(none, first, follow_ups), _conversation(lookup, first, follow_ups)
+    first = [5, 9, 14, 3, 22, 5, 9, 14]
+    plain = [result for _, result in reusing_turns(none, first, NEW)]
+    drafted = [result for _, result in reusing_turns(lookup, first, NEW)]
     assert [t.token_ids for t in drafted] == [t.token_ids for t in plain]
     assert [t.stats.reused_prompt_tokens for t in drafted] == [t.stats.reused_prompt_tokens for t in plain]
     assert all(t.stats.reused_prompt_tokens > 0 for t in drafted[1:])
