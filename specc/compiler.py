@@ -21,6 +21,7 @@ from specc.lower.registry import get_backend
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
+from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter
@@ -89,7 +90,8 @@ def compile_engine(request: CompileRequest) -> dict:
             method_state = {**method_state, **method.prepare(config, tokenizer)}
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
-                                captures=captures, state=method_state if method.train is not None else None)
+                                captures=captures, state=method_state if method.train is not None else None,
+                                select_logit_rows=True)
         program.added_weights = install_weights(program, trained_weights)
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
@@ -160,12 +162,13 @@ def _load_sources(method, config, checkpoint, dtype: str) -> dict:
 
 def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
                   captures: dict | None = None, state: dict | None = None,
-                  recipes: dict[str, GraphRecipe] | None = None) -> SpeculativeProgram:
+                  recipes: dict[str, GraphRecipe] | None = None, select_logit_rows: bool = False) -> SpeculativeProgram:
     """Capture each source model once (into `captures`, reused across calls); every named graph
     (the method's for `config`, or `recipes`) rewrites its own copy of the capture with its
     recipe's passes, then, given the method `state` training produced, its `after_training`
-    passes (then, with `kernels`, swaps its attention for specc's kernel: `use_kernels`, the last
-    pass). Every pass is recorded."""
+    passes, then, for an engine (`select_logit_rows`), `select_logit_rows` (logits computed
+    only for the rows a call asks for), and last, with `kernels`, `use_kernels` (attention
+    through specc's kernel). Every pass is recorded."""
     program = SpeculativeProgram()
     captures = {} if captures is None else captures
     recipes = method.graphs(config) if recipes is None else recipes
@@ -177,7 +180,8 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
-        passes = [*recipe.passes(config), *later, *([UseKernels()] if kernels else [])]
+        passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
+                  *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records

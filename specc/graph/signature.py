@@ -6,7 +6,8 @@ metadata; `read_signature` collects it, the manifest stores it, and every
 backend's example inputs and every warm-up are built from it alone
 (`example_inputs`), so no loader or backend names a method's inputs.
 
-Dimension symbols: `q` (query rows) and `kv` (attended slots) are dynamic;
+Dimension symbols: `q` (query rows), `kv` (attended slots) and `r` (rows
+whose logits a call asks for, `specc.passes.select_logit_rows`) are dynamic;
 every other symbol is static and resolved by `static_sizes` from the
 architecture and the engine's max sequence length.
 """
@@ -23,7 +24,7 @@ from specc.graph.nodes import output_node
 
 INPUT_META = "specc_io"
 OUTPUTS_META = "specc_outputs"
-DYNAMIC_DIMS = ("q", "kv")
+DYNAMIC_DIMS = ("q", "kv", "r")
 DTYPES = ("int64", "bool", "float")   # "float": the engine's floating dtype
 
 Dim = int | str
@@ -166,10 +167,10 @@ def concrete_shape(spec: TensorSpec, sizes: dict[str, int]) -> tuple[int, ...]:
 
 
 def example_inputs(signature: GraphSignature, sizes: dict[str, int], float_dtype: torch.dtype,
-                   q: int = 3, kv: int = 5, device="cpu") -> list[torch.Tensor]:
-    """Inputs of the declared shapes with `q` query rows over `kv` slots:
-    zeros (in range for every index input), masks all True."""
-    sizes = {**sizes, "q": q, "kv": kv}
+                   q: int = 3, kv: int = 5, device="cpu", r: int | None = None) -> list[torch.Tensor]:
+    """Inputs of the declared shapes with `q` query rows over `kv` slots, logits asked
+    for `r` rows (default: `q`): zeros (in range for every index input), masks all True."""
+    sizes = {**sizes, "q": q, "kv": kv, "r": q if r is None else r}
     tensors = []
     for spec in signature.inputs:
         shape = concrete_shape(spec, sizes)
@@ -180,7 +181,7 @@ def example_inputs(signature: GraphSignature, sizes: dict[str, int], float_dtype
 
 
 def dynamic_dims(signature: GraphSignature, max_seq_len: int) -> list[dict | None]:
-    """torch.export dynamic_shapes for the inputs: the `q` and `kv` axes."""
+    """torch.export dynamic_shapes for the inputs: the `q`, `kv` and `r` axes."""
     dims = {name: torch.export.Dim(name, min=1, max=max_seq_len) for name in DYNAMIC_DIMS}
     result = []
     for spec in signature.inputs:

@@ -1,6 +1,6 @@
 """`aoti`: AOTInductor packages (`compiled/<graph>.pt2`) built at compile time.
 
-Each graph is exported with its `q` and `kv` dimensions dynamic, from
+Each graph is exported with its `q`, `kv` and `r` dimensions dynamic, from
 example inputs built from its declared signature, and packaged; loading
 needs no recompilation. Segments a method calls at run time (e.g. skippable
 sublayers) cannot be packaged separately: they go through Inductor.

@@ -25,7 +25,7 @@ import logging
 
 import torch
 
-from specc.lower.row_padding import RowPadding, q_axes
+from specc.lower.row_padding import padding_for
 
 log = logging.getLogger("specc")
 
@@ -43,33 +43,40 @@ class CudaGraphs:
         self.copied_inputs = tuple(i for i in range(len(signature.inputs)) if i not in self.static_inputs)
         self.first_static = min(self.static_inputs, default=None)
         self.last_static = max(self.static_inputs, default=None)
-        self.inputs_q = q_axes(signature.inputs)
-        self.outputs_q = q_axes(signature.outputs)
+        self.paddings = {bucket: padding_for(signature, bucket) for bucket in buckets}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, _Captured] = {}
         self.uncapturable: set[tuple] = set()
         self.replays = 0
 
     def __call__(self, *args):
-        if not self.inputs_q:
+        paddings = self._paddings(args)
+        if paddings is None:
             return self.forward(*args)
-        index, axis = self.inputs_q[0]
-        rows = args[index].shape[axis]
-        bucket = next((b for b in self.buckets if b >= rows), None)
-        if bucket is None:
-            return self.forward(*args)
-        padding = RowPadding(bucket, self.inputs_q, self.outputs_q)
-        padded = padding.pad(args) if bucket > rows else list(args)
+        padding, real = paddings
+        padded = padding.pad(args)
         key = self._key(padded)
         if key in self.uncapturable:
-            return padding.unpad(self.forward(*padded), rows)
+            return padding.unpad(self.forward(*padded), real)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self._capture(key, padded)
             if graph is None:
-                return padding.unpad(self.forward(*padded), rows)
+                return padding.unpad(self.forward(*padded), real)
         self.replays += 1
-        return padding.unpad(graph.replay(padded, self.copied_inputs), rows, copy=True)
+        return padding.unpad(graph.replay(padded, self.copied_inputs), real, copy=True)
+
+    def _paddings(self, args):
+        """The padding of this call to its row bucket and the call's real row counts; None
+        for a graph without query rows or a call past the largest bucket (run uncaptured).
+        Logit rows are padded to the bucket too, so a prompt chunk asking for its last
+        row's logits replays the bucket's one graph."""
+        any_padding = self.paddings[self.buckets[0]]
+        if any_padding is None:
+            return None
+        real = any_padding.real_rows(args)
+        bucket = next((b for b in self.buckets if b >= real[0]), None)
+        return None if bucket is None else (self.paddings[bucket], real)
 
     def _key(self, args) -> tuple:
         """The shapes of the copied inputs and where the caches live. A captured graph holds

@@ -1,8 +1,8 @@
 """`onnx`: ONNX graphs (`compiled/<graph>.onnx`) exported at compile time, run by onnxruntime.
 
 Each graph is exported with `torch.onnx.export(..., dynamo=True)` at opset
-`ONNX_OPSET` from example inputs built from its declared signature, its `q`
-and `kv` dimensions dynamic. ONNX cannot write the caller's KV cache in place, so
+`ONNX_OPSET` from example inputs built from its declared signature, its `q`,
+`kv` and `r` dimensions dynamic. ONNX cannot write the caller's KV cache in place, so
 the export is of a rewritten copy (`onnx_cache_rows.expose_cache_writes`)
 that returns the rows each layer writes; at run time
 (`onnx_session.OnnxSessionGraph`) those rows are copied into the torch

@@ -138,7 +138,7 @@ class OnnxSessionGraph:
 
 
 def _dynamic_sizes(signature: GraphSignature, inputs) -> dict[str, int]:
-    """The values of `q` and `kv` in this call, read off the inputs that carry them."""
+    """The values of `q`, `kv` and `r` in this call, read off the inputs that carry them."""
     sizes = {}
     for spec, tensor in zip(signature.inputs, inputs):
         for axis, dim in enumerate(spec.shape):

@@ -26,36 +26,52 @@ class RowPadding:
     """Runs a call of fewer than `rows` query rows as exactly `rows` rows, the last
     row repeated, and returns the real rows' outputs. A repeated row has the same
     token, position, mask row and cache slot as the row it copies, so it writes the
-    same K/V to the same slot."""
+    same K/V to the same slot. The rows whose logits the call asks for (an `r` axis:
+    `specc.passes.select_logit_rows`) grow to `rows` too, the last repeated, so the
+    LM head runs over as many rows as the rest of the graph."""
 
     rows: int
     inputs: tuple[tuple[int, int], ...]    # (index, q axis) of every input with a q axis
     outputs: tuple[tuple[int, int], ...]   # the same for outputs
+    logit_inputs: tuple[tuple[int, int], ...] = ()    # (index, r axis) of inputs with an r axis
+    logit_outputs: tuple[tuple[int, int], ...] = ()   # the same for outputs
 
     def __call__(self, forward, args: tuple):
-        index, axis = self.inputs[0]
-        real = args[index].shape[axis]
-        return self.unpad(forward(*self.pad(args)), real)
+        return self.unpad(forward(*self.pad(args)), self.real_rows(args))
+
+    def real_rows(self, args) -> tuple[int, int | None]:
+        """The call's query rows and logit rows (None: the graph has no r axis)."""
+        return _length(args, self.inputs), _length(args, self.logit_inputs)
 
     def pad(self, args) -> list:
-        """`args` with every q axis grown to `rows` by repeating its last row."""
-        index, axis = self.inputs[0]
-        real = args[index].shape[axis]
+        """`args` with every q axis, and every shorter r axis, grown to `rows` by repeating its last row."""
         args = list(args)
-        for index, axis in self.inputs:
-            last = args[index].narrow(axis, real - 1, 1)
-            args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
+        for axes in (self.inputs, self.logit_inputs):
+            real = _length(args, axes)
+            if real is None or real >= self.rows:
+                continue
+            for index, axis in axes:
+                last = args[index].narrow(axis, real - 1, 1)
+                args[index] = torch.cat([args[index], *[last] * (self.rows - real)], dim=axis)
         return args
 
-    def unpad(self, result, real: int, copy: bool = False):
-        """The first `real` rows of each output with a q axis (all outputs copied with `copy`)."""
+    def unpad(self, result, real: tuple[int, int | None], copy: bool = False):
+        """The first real rows of each output with a q or r axis (all outputs copied with `copy`)."""
         single = not isinstance(result, (list, tuple))
         result = [result] if single else list(result)
-        for index, axis in self.outputs:
-            result[index] = result[index].narrow(axis, 0, real)
+        for axes, length in ((self.outputs, real[0]), (self.logit_outputs, real[1])):
+            for index, axis in axes:
+                result[index] = result[index].narrow(axis, 0, length)
         if copy:
             result = [r.clone() for r in result]
         return result[0] if single else result
+
+
+def _length(args, axes) -> int | None:
+    if not axes:
+        return None
+    index, axis = axes[0]
+    return args[index].shape[axis]
 
 
 class PaddedRows:
@@ -73,8 +89,16 @@ class PaddedRows:
 
 def row_padding(target, rows: int = EXACT_ROWS) -> RowPadding | None:
     """The padding for a lowering target's graph; None when no input has a q axis."""
-    inputs = q_axes(target.signature.inputs)
-    return RowPadding(rows, inputs, q_axes(target.signature.outputs)) if inputs else None
+    return padding_for(target.signature, rows)
+
+
+def padding_for(signature, rows: int) -> RowPadding | None:
+    """The padding of a graph with `signature` to `rows`; None when no input has a q axis."""
+    inputs = q_axes(signature.inputs)
+    if not inputs:
+        return None
+    return RowPadding(rows, inputs, q_axes(signature.outputs), axes_named(signature.inputs, "r"),
+                      axes_named(signature.outputs, "r"))
 
 
 def exact_in_reduced_precision(forward, target):
@@ -89,4 +113,9 @@ def exact_rows_for(dtype: torch.dtype) -> int | None:
 
 
 def q_axes(specs) -> tuple[tuple[int, int], ...]:
-    return tuple((i, list(spec.shape).index("q")) for i, spec in enumerate(specs) if "q" in spec.shape)
+    return axes_named(specs, "q")
+
+
+def axes_named(specs, dim: str) -> tuple[tuple[int, int], ...]:
+    """(index, axis) of every spec with a `dim` axis."""
+    return tuple((i, list(spec.shape).index(dim)) for i, spec in enumerate(specs) if dim in spec.shape)

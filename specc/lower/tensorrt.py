@@ -12,7 +12,7 @@ Build: each graph is exported exactly as the `onnx` backend exports it
 (cache writes returned as rows, see `onnx_cache_rows`) and kept beside the
 plan; the network is parsed from it strongly typed (the precision the
 graph was exported in, so verification stays exact); one optimization
-profile covers `q` and `kv` from 1 to the engine's max sequence length,
+profile covers `q`, `kv` and `r` from 1 to the engine's max sequence length,
 tuned for a one-token step (q = 1) over half the context.
 
 Run: specc's runtime keeps the KV caches (and every other tensor) on the
@@ -110,9 +110,9 @@ def build_plan(trt, onnx_path: Path, target: LoweringTarget) -> bytes:
 
 
 def _profile(builder, network, target: LoweringTarget):
-    """min/opt/max shapes of every network input: `q` and `kv` from 1 to max_seq_len."""
-    ranges = {"min": {"q": 1, "kv": 1}, "opt": {"q": 1, "kv": max(1, target.max_seq_len // 2)},
-              "max": {"q": target.max_seq_len, "kv": target.max_seq_len}}
+    """min/opt/max shapes of every network input: `q`, `kv` and `r` from 1 to max_seq_len."""
+    ranges = {"min": {"q": 1, "kv": 1, "r": 1}, "opt": {"q": 1, "kv": max(1, target.max_seq_len // 2), "r": 1},
+              "max": {"q": target.max_seq_len, "kv": target.max_seq_len, "r": target.max_seq_len}}
     specs = {spec.name: spec for spec in target.signature.inputs}
     profile = builder.create_optimization_profile()
     for index in range(network.num_inputs):   # the ONNX export drops inputs a graph never reads

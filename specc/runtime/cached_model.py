@@ -3,7 +3,10 @@
 The graph's inputs follow its declared signature: tokens [1, q],
 positions [1, q], attention mask [1, 1, q, kv], cache slots [q], then the
 KV caches (role `kv_cache`), then any method inputs, passed to `run_all`
-after the caches. Its output with role `logits` ([1, q, vocab]) becomes
+after the caches, and last, in an engine's graphs, the rows whose logits
+to compute (role `logit_rows`, `specc.passes.select_logit_rows`), which
+this class fills in: every row, or in a prefill the last. Its output with
+role `logits` ([1, q, vocab], or [1, r, vocab] for the rows asked) becomes
 `Verification.logits`; every other output is returned by name in
 `Verification.extras`.
 """
@@ -25,6 +28,7 @@ from specc.runtime.verification import Verification
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
 CACHE_ROLE = "kv_cache"
 LOGITS_ROLE = "logits"
+LOGIT_ROWS_ROLE = "logit_rows"
 
 
 class CachedModel:
@@ -43,6 +47,7 @@ class CachedModel:
                                       max_seq_len, dtype, device)
         roles = [spec.role for spec in signature.outputs]
         self._logits_index = roles.index(LOGITS_ROLE) if LOGITS_ROLE in roles else None
+        self._selects_logit_rows = bool(signature.inputs_with_role(LOGIT_ROWS_ROLE))
         self.forward_passes = 0
 
     @property
@@ -50,32 +55,46 @@ class CachedModel:
         return self.cache.max_seq_len
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            mask: torch.Tensor, *extra_inputs: torch.Tensor) -> Verification:
-        """Logits `[q, vocab]` and named extras for `tokens` written at cache `slots`."""
-        outputs = self.run_all(tokens, positions, slots, mask, *extra_inputs)
+            mask: torch.Tensor, *extra_inputs: torch.Tensor, last_logits_only: bool = False) -> Verification:
+        """Logits `[q, vocab]` (`[1, vocab]`, the last row's, with `last_logits_only`) and
+        named extras for `tokens` written at cache `slots`."""
+        outputs = self.run_all(tokens, positions, slots, mask, *extra_inputs, last_logits_only=last_logits_only)
         extras = {spec.name: out[0] for i, (spec, out) in enumerate(zip(self.signature.outputs, outputs))
                   if i != self._logits_index}
         logits = None if self._logits_index is None else outputs[self._logits_index][0]
         return Verification(logits, extras, slots)
 
     def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                mask: torch.Tensor, *extra_inputs: torch.Tensor) -> tuple:
-        """Every graph output, raw; `extra_inputs` follow the caches (method-specific inputs)."""
+                mask: torch.Tensor, *extra_inputs: torch.Tensor, last_logits_only: bool = False) -> tuple:
+        """Every graph output, raw; `extra_inputs` follow the caches (method-specific inputs).
+        The logits are every row's, or with `last_logits_only` the last row's (computed
+        alone where the graph selects logit rows, cut from all rows' otherwise)."""
         tokens, positions, slots, mask = (t.to(self.device, non_blocking=True)
                                           for t in (tokens, positions, slots, mask))
         extra_inputs = [t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
                         for t in extra_inputs]
         mask = pad_keys(apply_sliding_window(mask, positions, self.architecture.sliding_window), self.max_seq_len)
+        if self._selects_logit_rows:
+            rows = tokens.numel()
+            extra_inputs.append(torch.arange(rows - 1 if last_logits_only else 0, rows, device=self.device))
         outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots,
                                   *self.cache.tensors, *extra_inputs)
         self.forward_passes += 1
+        if last_logits_only and not self._selects_logit_rows and self._logits_index is not None:
+            outputs = list(outputs)
+            outputs[self._logits_index] = outputs[self._logits_index][:, -1:]
         return outputs
 
     def extend(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Logits `[q, vocab]` for a causal chunk of tokens after `start` cached ones."""
+        """The last row's logits `[1, vocab]` after a causal chunk of tokens after `start` cached ones."""
         return self.prefill(tokens, start).logits
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
+        """A causal chunk after `start` cached tokens; logits of its last row only, all the loop reads."""
+        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device), last_logits_only=True)
+
+    def run_chunk(self, tokens: torch.Tensor, start: int) -> Verification:
+        """A causal chunk after `start` cached tokens, with every row's logits."""
         return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device))
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
@@ -99,10 +118,12 @@ def tree_layout(draft: Draft, prefix_len: int, device) -> tuple[torch.Tensor, to
 
 
 def check_decoding_layout(signature: GraphSignature) -> None:
-    """Inputs: the four decoding inputs, the caches, then any others."""
+    """Inputs: the four decoding inputs, the caches, then any others, the logit rows (if any) last."""
     roles = [spec.role for spec in signature.inputs]
     caches = [i for i, role in enumerate(roles) if role == CACHE_ROLE]
     contiguous = caches == list(range(len(DECODING_ROLES), len(DECODING_ROLES) + len(caches)))
-    if tuple(roles[:len(DECODING_ROLES)]) != DECODING_ROLES or not contiguous or len(caches) % 2:
+    rows_last = LOGIT_ROWS_ROLE not in roles or roles.index(LOGIT_ROWS_ROLE) == len(roles) - 1
+    if tuple(roles[:len(DECODING_ROLES)]) != DECODING_ROLES or not contiguous or len(caches) % 2 or not rows_last:
         raise SpeccError(f"graph inputs {signature.input_names} with roles {roles} are not the decoding layout "
-                         f"({', '.join(DECODING_ROLES)}, then k/v caches, then method inputs)")
+                         f"({', '.join(DECODING_ROLES)}, then k/v caches, then method inputs, then any "
+                         f"{LOGIT_ROWS_ROLE})")

@@ -62,6 +62,25 @@ def test_calls_of_fewer_rows_run_padded_with_their_last_row():
     assert seen[-1][0] == [[7, 8, 9, 10]]   # four rows run as they are
 
 
+def test_logit_rows_pad_with_the_query_rows_and_a_chunk_asking_for_its_last_row_runs_as_it_is():
+    """The LM head of a padded call runs over as many rows as the rest of the graph (so a
+    verification rounds each row as a decode step does); a longer chunk is not padded."""
+    seen = []
+
+    def forward(tokens, rows):
+        seen.append((tokens.tolist(), rows.tolist()))
+        return [tokens[:, rows].float()]
+
+    padding = RowPadding(rows=4, inputs=((0, 1),), outputs=(), logit_inputs=((1, 0),), logit_outputs=((0, 1),))
+    dispatch = PaddedRows(forward, padding)
+    (logits,) = dispatch(torch.tensor([[7, 8]]), torch.arange(2))
+    assert seen[-1] == ([[7, 8, 8, 8]], [0, 1, 1, 1]) and logits.tolist() == [[7.0, 8.0]]
+    (logits,) = dispatch(torch.tensor([[7, 8]]), torch.tensor([1]))
+    assert seen[-1] == ([[7, 8, 8, 8]], [1, 1, 1, 1]) and logits.tolist() == [[8.0]]
+    (logits,) = dispatch(torch.tensor([[7, 8, 9, 10, 11]]), torch.tensor([4]))
+    assert seen[-1] == ([[7, 8, 9, 10, 11]], [4]) and logits.tolist() == [[11.0]]
+
+
 def test_packages_are_built_for_the_idle_machine_threads_not_the_compile_threads(monkeypatch, tmp_path,
                                                                                 one_thread):
     """Inductor bakes the packaging threads into its GEMM kernels: a compile run with one

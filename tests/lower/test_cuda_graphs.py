@@ -97,3 +97,26 @@ def test_a_failed_capture_falls_back_to_plain_calls(monkeypatch):
     assert out.shape == (1, 2, 1) and graphs.uncapturable and cache[0, 6] == 6
     graphs(torch.tensor([[1]]), cache)
     assert graphs.replays == 0
+
+
+def _selecting_signature() -> GraphSignature:
+    return GraphSignature(
+        inputs=(TensorSpec("tokens", "tokens", "int64", (1, "q")),
+                TensorSpec("cache", "kv_cache", "float", (1, "slots")),
+                TensorSpec("logit_rows", "logit_rows", "int64", ("r",))),
+        outputs=(TensorSpec("logits", "logits", "float", (1, "r", "vocab")),))
+
+
+def _selecting_forward(tokens, cache, rows):
+    cache[0, tokens[0]] = tokens[0].float()
+    return ((tokens[0, rows, None].float() * 10)[None],)
+
+
+def test_logit_rows_pad_to_the_bucket_so_a_chunk_asking_for_its_last_row_replays_the_same_graph():
+    graphs = CudaGraphs(_selecting_forward, _selecting_signature(), pool=object(), buckets=(4,))
+    cache = torch.zeros(1, 16)
+    (verified,) = graphs(torch.tensor([[3, 5]]), cache, torch.arange(2))
+    (last,) = graphs(torch.tensor([[1, 2, 9]]), cache, torch.tensor([2]))
+    assert verified[0, :, 0].tolist() == [30.0, 50.0] and last[0, :, 0].tolist() == [90.0]
+    assert Recorded.captures == 1 and graphs.replays == 2
+    assert cache[0, [1, 2, 3, 5, 9]].tolist() == [1, 2, 3, 5, 9]

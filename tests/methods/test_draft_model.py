@@ -109,7 +109,7 @@ def test_reduced_head_has_draft_vocab_size_rows_and_is_recorded(engines):
     assert 0 < engine.method_state["draft_vocabulary_heldout_coverage"] <= 1
     logits = {name: [s for s in engine.context.signatures[name].outputs if s.role == "logits"][0].shape
               for name in ("draft", "target")}
-    assert logits == {"draft": (1, "q", DRAFT_VOCAB), "target": (1, "q", "vocab")}   # the full head is symbolic
+    assert logits == {"draft": (1, "r", DRAFT_VOCAB), "target": (1, "r", "vocab")}   # the full head is symbolic
     passes = [(r["graph"], r["pass_name"]) for r in engine.manifest["passes"]]
     assert ("draft", "reduce_draft_vocabulary") in passes and ("target", "reduce_draft_vocabulary") not in passes
     added = load_file(str(engine.path / "weights" / "added.safetensors"))

@@ -113,7 +113,7 @@ def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_tokens(checkpo
     ids = engine.method_state[DRAFT_VOCABULARY_KEY]
     assert len(ids) == 40 == len(set(ids)) and set(engine.architecture("adapter").eos_token_ids) <= set(ids)
     logits = [s for s in engine.context.signatures["adapter"].outputs if s.role == "logits"]
-    assert logits[0].shape == (1, "q", 40)
+    assert logits[0].shape == (1, "r", 40)
     assert "reduce_draft_vocabulary" in [r["pass_name"] for r in engine.manifest["passes"] if r["graph"] == "adapter"]
     drafted = recording_drafted_tokens(engine.drafter)
     results = assert_identical(lambda ids_: engine.generate_ids(ids_, MAX_NEW_TOKENS), target)

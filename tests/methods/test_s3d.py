@@ -182,7 +182,7 @@ def test_engine_stores_the_draft_parameters_once_with_its_report(engines):
     assert len(agreement["before"]) == len(agreement["after"]) == 4
     assert state["training"]["steps"] == 40 and state["training"]["seconds"] > 0 and state["train_seconds"] > 0
     passes = [r["pass_name"] for r in engine.manifest["passes"] if r["graph"] == "draft"]
-    assert passes[-3:] == ["skip_middle_layers", "insert_mask_tokens", "attach_draft_lora"]
+    assert passes[-4:] == ["skip_middle_layers", "insert_mask_tokens", "attach_draft_lora", "select_logit_rows"]
 
 
 def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):

@@ -51,7 +51,7 @@ def run_forced_exits(target: EarlyExitTarget, prompt: list[int]) -> tuple[list[i
 
 def dense_replay(target: EarlyExitTarget, sequence: list[int]):
     """The full model on the whole sequence from an empty context: logits per slot, and its caches."""
-    logits = target.full.prefill(torch.tensor(sequence), 0).logits
+    logits = target.full.run_chunk(torch.tensor(sequence), 0).logits
     return logits, [c.clone() for c in target.full.cache.tensors]
 
 

@@ -42,9 +42,10 @@ def test_graph_calls_see_padded_masks_and_give_the_unpadded_logits(checkpoints, 
     ids = torch.randint(model.architecture.vocab_size, (72,), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         model.prefill(ids[:60], 0)
-        padded = model.prefill(ids[60:72], 60).logits
+        padded = model.run_chunk(ids[60:72], 60).logits
         model.prefill(ids[:60], 0)
         slots = torch.arange(60, 72)
-        (unpadded,) = forward(ids[None, 60:72], slots[None], causal_chunk_mask(60, 12), slots, *model.cache.tensors)[:1]
+        (unpadded,) = forward(ids[None, 60:72], slots[None], causal_chunk_mask(60, 12), slots, *model.cache.tensors,
+                              torch.arange(12))[:1]
     assert seen == [KEY_BLOCK, 2 * KEY_BLOCK, KEY_BLOCK]   # 60 keys, 72 keys, 60 again
     torch.testing.assert_close(padded, unpadded[0])

@@ -53,7 +53,7 @@ class ExitVerifier:
         self.max_seq_len = deep.max_seq_len
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
-        return self._forward(tokens, *chunk_layout(start, tokens.numel(), self.device), {})
+        return self._forward(tokens, *chunk_layout(start, tokens.numel(), self.device), {}, last_logits_only=True)
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         return self._forward(draft.node_tokens, *tree_layout(draft, prefix_len, self.device), draft.extras)
@@ -66,7 +66,7 @@ class ExitVerifier:
         """Calls of either graph, which share the cache (the drafter runs the shallow one too)."""
         return self.shallow.forward_passes + self.deep.forward_passes
 
-    def _forward(self, tokens, positions, slots, mask, known: dict) -> Verification:
+    def _forward(self, tokens, positions, slots, mask, known: dict, last_logits_only: bool = False) -> Verification:
         exits = torch.empty(tokens.numel(), self.architecture.hidden_size, dtype=self.deep.cache.tensors[0].dtype,
                             device=self.device)
         missing = torch.ones(tokens.numel(), dtype=torch.bool, device=self.device)
@@ -77,7 +77,7 @@ class ExitVerifier:
         if stale.numel():
             (hidden,) = self.shallow.run_all(tokens[stale], positions[stale], slots[stale], mask[:, :, stale])
             exits[stale] = hidden[0]
-        verification = self.deep.run(tokens, positions, slots, mask, exits[None])
+        verification = self.deep.run(tokens, positions, slots, mask, exits[None], last_logits_only=last_logits_only)
         verification.extras[EXITS] = exits
         return verification
 

@@ -140,7 +140,7 @@ class PartialVerifier:
             raise SpeccError("specee drafts chains; a tree reached its verifier")
         exact = draft.extras.get(EXACT_LOGITS)
         known = 0 if exact is None else exact.shape[0]
-        rest = self.full.prefill(draft.node_tokens[known:], prefix_len + known)
+        rest = self.full.run_chunk(draft.node_tokens[known:], prefix_len + known)
         if known == 0:
             return rest
         slots = torch.arange(prefix_len, prefix_len + draft.node_tokens.numel(), device=self.device)
