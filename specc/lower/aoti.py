@@ -61,7 +61,8 @@ import torch
 from specc.errors import SpeccError, UsageError
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
-from specc.lower.inductor import EXACT_ROUNDING, compile_dynamic
+from specc.lower.exact_rounding import exact_rounding
+from specc.lower.inductor import compile_dynamic
 from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
 from specc.host.threads import idle_machine_threads, torch_threads
 
@@ -167,7 +168,7 @@ def packaging_config(target: LoweringTarget) -> dict:
     between Inductor's own C++ micro-kernel template and ATen (oneDNN), which the C++
     template won for the decode-sized linears measured, and small kernels kept on one
     thread (see the module docstring); rounding as eager rounds, as under `inductor`."""
-    config = {"freezing": True, **EXACT_ROUNDING}
+    config = {"freezing": True, **exact_rounding(target.device)}
     if target.device.type == "cpu":
         config.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                        "cpp.min_chunk_size": MIN_CHUNK_PER_THREAD})

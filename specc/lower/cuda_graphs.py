@@ -25,7 +25,7 @@ import logging
 
 import torch
 
-from specc.lower.row_padding import padding_for
+from specc.lower.row_padding import axes_named, padding_for, q_axes, real_rows
 
 log = logging.getLogger("specc")
 
@@ -44,6 +44,7 @@ class CudaGraphs:
         self.first_static = min(self.static_inputs, default=None)
         self.last_static = max(self.static_inputs, default=None)
         self.paddings = {bucket: padding_for(signature, bucket) for bucket in buckets}
+        self.row_inputs = (q_axes(signature.inputs), axes_named(signature.inputs, "r"))
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, _Captured] = {}
         self.uncapturable: set[tuple] = set()
@@ -71,10 +72,9 @@ class CudaGraphs:
         for a graph without query rows or a call past the largest bucket (run uncaptured).
         Logit rows are padded to the bucket too, so a prompt chunk asking for its last
         row's logits replays the bucket's one graph."""
-        any_padding = self.paddings[self.buckets[0]]
-        if any_padding is None:
+        if not self.row_inputs[0]:
             return None
-        real = any_padding.real_rows(args)
+        real = real_rows(args, *self.row_inputs)
         bucket = next((b for b in self.buckets if b >= real[0]), None)
         return None if bucket is None else (self.paddings[bucket], real)
 

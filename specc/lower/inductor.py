@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
+from specc.lower.exact_rounding import exact_rounding
 from specc.lower.row_padding import exact_in_reduced_precision, exact_rows_for
 
 
-# Round where eager rounds: otherwise a fused kernel keeps bfloat16 intermediates in float32, and
-# how it fuses depends on the graph's outputs, so a method's target graph (with an extra output)
-# gave other bfloat16 logits than the plain target graph's (a wide random llama: up to 0.125
-# apart, 1 to 3 of 10 prompts decoded identically). No effect in float32.
-EXACT_ROUNDING = {"emulate_precision_casts": True}
+def compile_dynamic(module: torch.nn.Module, device: torch.device | None = None):
+    """`module` under `torch.compile`, for `device` (default: where its weights are).
+    Inductor compiles lazily, on the first call per shape family (q = 1 and q > 1)."""
+    device = device if device is not None else weights_device(module)
+    return torch.compile(module, dynamic=True, fullgraph=True, options=exact_rounding(device))
 
 
-def compile_dynamic(module):
-    # Inductor compiles lazily, on the first call per shape family (q = 1 and q > 1).
-    return torch.compile(module, dynamic=True, fullgraph=True, options=EXACT_ROUNDING)
+def weights_device(module: torch.nn.Module) -> torch.device:
+    """Where `module`'s first parameter or buffer lives; the CPU for a module with neither."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
 
 
 class InductorBackend(Backend):
@@ -28,7 +32,7 @@ class InductorBackend(Backend):
     compiles_lazily = True
 
     def load(self, target, artifacts, manifest):
-        return exact_in_reduced_precision(compile_dynamic(target.module), target)
+        return exact_in_reduced_precision(compile_dynamic(target.module, target.device), target)
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """bfloat16 calls of fewer rows run padded, as under eager (`specc.lower.row_padding`)."""

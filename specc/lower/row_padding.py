@@ -41,7 +41,7 @@ class RowPadding:
 
     def real_rows(self, args) -> tuple[int, int | None]:
         """The call's query rows and logit rows (None: the graph has no r axis)."""
-        return _length(args, self.inputs), _length(args, self.logit_inputs)
+        return real_rows(args, self.inputs, self.logit_inputs)
 
     def pad(self, args) -> list:
         """`args` with every q axis, and every shorter r axis, grown to `rows` by repeating its last row."""
@@ -65,6 +65,12 @@ class RowPadding:
         if copy:
             result = [r.clone() for r in result]
         return result[0] if single else result
+
+
+def real_rows(args, inputs, logit_inputs) -> tuple[int | None, int | None]:
+    """A call's query rows and logit rows, read on the inputs `inputs` and `logit_inputs`
+    ((index, axis) pairs) name; None for an axis no input has."""
+    return _length(args, inputs), _length(args, logit_inputs)
 
 
 def _length(args, axes) -> int | None:

@@ -59,7 +59,8 @@ class SelectLogitRows(GraphPass):
         hidden = head.args[0]
         with gm.graph.inserting_before(head):
             selected = gm.graph.call_function(torch.ops.aten.index_select.default, (hidden, 1, rows))
-        selected.meta.update({k: v for k, v in head.meta.items() if k == "nn_module_stack"})
+        if "nn_module_stack" in head.meta:
+            selected.meta["nn_module_stack"] = head.meta["nn_module_stack"]
         head.replace_input_with(hidden, selected)
         declare_outputs(gm.graph, [_rows_of(spec) if spec.role == LOGITS_ROLE else spec
                                    for spec in declared_outputs(gm.graph)])

@@ -29,6 +29,7 @@ DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
 CACHE_ROLE = "kv_cache"
 LOGITS_ROLE = "logits"
 LOGIT_ROWS_ROLE = "logit_rows"
+SHARED_LOGIT_ROWS = 64   # calls of up to this many rows reuse one logit_rows input per row count
 
 
 class CachedModel:
@@ -48,6 +49,7 @@ class CachedModel:
         roles = [spec.role for spec in signature.outputs]
         self._logits_index = roles.index(LOGITS_ROLE) if LOGITS_ROLE in roles else None
         self._selects_logit_rows = bool(signature.inputs_with_role(LOGIT_ROWS_ROLE))
+        self._logit_rows_made: dict[tuple[int, bool], torch.Tensor] = {}
         self.forward_passes = 0
 
     @property
@@ -75,8 +77,7 @@ class CachedModel:
                         for t in extra_inputs]
         mask = pad_keys(apply_sliding_window(mask, positions, self.architecture.sliding_window), self.max_seq_len)
         if self._selects_logit_rows:
-            rows = tokens.numel()
-            extra_inputs.append(torch.arange(rows - 1 if last_logits_only else 0, rows, device=self.device))
+            extra_inputs.append(self._logit_rows(tokens.numel(), last_logits_only))
         outputs = self.forward_fn(tokens[None], positions[None], mask.contiguous(), slots,
                                   *self.cache.tensors, *extra_inputs)
         self.forward_passes += 1
@@ -84,6 +85,17 @@ class CachedModel:
             outputs = list(outputs)
             outputs[self._logits_index] = outputs[self._logits_index][:, -1:]
         return outputs
+
+    def _logit_rows(self, rows: int, last_only: bool) -> torch.Tensor:
+        """The `logit_rows` input of a call of `rows` rows; made once per row count for the
+        short calls of the decoding loop (graph inputs are never written to, so calls share it)."""
+        key = (rows, last_only)
+        made = self._logit_rows_made.get(key)
+        if made is None:
+            made = torch.arange(rows - 1 if last_only else 0, rows, device=self.device)
+            if rows <= SHARED_LOGIT_ROWS:
+                self._logit_rows_made[key] = made
+        return made
 
     def extend(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """The last row's logits `[1, vocab]` after a causal chunk of tokens after `start` cached ones."""

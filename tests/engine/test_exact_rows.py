@@ -114,7 +114,7 @@ def test_bfloat16_compiled_graphs_with_extra_outputs_round_like_none(wide_checkp
     """Kangaroo runs the target as two graphs, the shallow one also returning its hidden state.
     Unless Inductor rounds where eager does, how it fuses a graph depends on such outputs, and the
     bfloat16 logits left `none`'s (up to 0.125 apart; 1 of 10 prompts generated `none`'s tokens).
-    AOTI packages rounded alike here even without `EXACT_ROUNDING`: their case guards the identity
+    AOTI packages rounded alike here even without `exact_rounding()`: their case guards the identity
     the AOTI benchmarks rest on."""
     for method, settings in (("none", []), ("kangaroo", ["train_steps=0", "eval_sequences=1"])):
         compile_engine(CompileRequest(model=str(wide_checkpoint), method=method, output=tmp_path / method,
