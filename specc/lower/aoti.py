@@ -163,6 +163,11 @@ def _package(target: LoweringTarget, path: Path, rows: int) -> str:
     return path.name
 
 
+# Inductor writes each GEMM's autotuning table to stderr (dozens per graph on torch 2.11);
+# specc's own progress says what packaging is doing.
+QUIET_AUTOTUNING = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
 def packaging_config(target: LoweringTarget) -> dict:
     """Inductor settings for a package: freezing always; on the CPU also GEMM autotuning
     between Inductor's own C++ micro-kernel template and ATen (oneDNN), which the C++
@@ -171,7 +176,7 @@ def packaging_config(target: LoweringTarget) -> dict:
     config = {"freezing": True, **exact_rounding(target.device)}
     if target.device.type == "cpu":
         config.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                       "cpp.min_chunk_size": MIN_CHUNK_PER_THREAD})
+                       "cpp.min_chunk_size": MIN_CHUNK_PER_THREAD, **QUIET_AUTOTUNING})
     return config
 
 
