@@ -24,7 +24,12 @@ from specc.graph.nodes import output_node
 
 INPUT_META = "specc_io"
 OUTPUTS_META = "specc_outputs"
-DYNAMIC_DIMS = ("q", "kv", "r")
+LOGIT_ROWS_DIM = "r"
+DYNAMIC_DIMS = ("q", "kv", LOGIT_ROWS_DIM)
+# Roles the runtime reads besides the decoding ones: a graph's logits, and the rows whose
+# logits a call asks for (`specc.passes.select_logit_rows`).
+LOGITS_ROLE = "logits"
+LOGIT_ROWS_ROLE = "logit_rows"
 DTYPES = ("int64", "bool", "float")   # "float": the engine's floating dtype
 
 Dim = int | str

@@ -25,6 +25,7 @@ import logging
 
 import torch
 
+from specc.graph.signature import LOGIT_ROWS_DIM
 from specc.lower.row_padding import axes_named, padding_for, q_axes, real_rows
 
 log = logging.getLogger("specc")
@@ -44,7 +45,7 @@ class CudaGraphs:
         self.first_static = min(self.static_inputs, default=None)
         self.last_static = max(self.static_inputs, default=None)
         self.paddings = {bucket: padding_for(signature, bucket) for bucket in buckets}
-        self.row_inputs = (q_axes(signature.inputs), axes_named(signature.inputs, "r"))
+        self.row_inputs = (q_axes(signature.inputs), axes_named(signature.inputs, LOGIT_ROWS_DIM))
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, _Captured] = {}
         self.uncapturable: set[tuple] = set()

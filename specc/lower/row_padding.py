@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specc.graph.signature import LOGIT_ROWS_DIM
+
 EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
 
 
@@ -103,8 +105,8 @@ def padding_for(signature, rows: int) -> RowPadding | None:
     inputs = q_axes(signature.inputs)
     if not inputs:
         return None
-    return RowPadding(rows, inputs, q_axes(signature.outputs), axes_named(signature.inputs, "r"),
-                      axes_named(signature.outputs, "r"))
+    return RowPadding(rows, inputs, q_axes(signature.outputs), axes_named(signature.inputs, LOGIT_ROWS_DIM),
+                      axes_named(signature.outputs, LOGIT_ROWS_DIM))
 
 
 def exact_in_reduced_precision(forward, target):

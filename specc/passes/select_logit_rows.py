@@ -26,13 +26,11 @@ import torch.fx as fx
 from specc.errors import SpeccError
 from specc.graph.nodes import add_placeholder, output_node, placeholder
 from specc.graph.patterns import lm_head
-from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_input, declared_outputs, declare_outputs
+from specc.graph.signature import (LOGIT_ROWS_DIM, LOGIT_ROWS_ROLE, LOGITS_ROLE, OUTPUTS_META, TensorSpec,
+                                   declare_input, declared_outputs, declare_outputs)
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
-LOGIT_ROWS_ROLE = "logit_rows"
-LOGITS_ROLE = "logits"
-ROWS_DIM = "r"
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class SelectLogitRows(GraphPass):
             return PassResult.unchanged(gm)
         before = set(gm.graph.nodes)
         rows = declare_input(add_placeholder(gm.graph, self.config.input_name), LOGIT_ROWS_ROLE, "int64",
-                             (ROWS_DIM,))
+                             (LOGIT_ROWS_DIM,))
         hidden = head.args[0]
         with gm.graph.inserting_before(head):
             selected = gm.graph.call_function(torch.ops.aten.index_select.default, (hidden, 1, rows))
@@ -81,4 +79,4 @@ class SelectLogitRows(GraphPass):
 def _rows_of(spec: TensorSpec) -> TensorSpec:
     if list(spec.shape).count("q") != 1:
         raise SpeccError(f"output {spec.name!r} has shape {spec.shape}; expected one q axis of logits")
-    return TensorSpec(spec.name, spec.role, spec.dtype, tuple(ROWS_DIM if d == "q" else d for d in spec.shape))
+    return TensorSpec(spec.name, spec.role, spec.dtype, tuple(LOGIT_ROWS_DIM if d == "q" else d for d in spec.shape))

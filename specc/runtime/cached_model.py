@@ -19,7 +19,7 @@ import torch
 
 from specc.capture.families import ArchitectureSummary
 from specc.errors import SpeccError
-from specc.graph.signature import GraphSignature
+from specc.graph.signature import LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
 from specc.runtime.drafter import Draft
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, tree_mask
@@ -27,8 +27,6 @@ from specc.runtime.verification import Verification
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
 CACHE_ROLE = "kv_cache"
-LOGITS_ROLE = "logits"
-LOGIT_ROWS_ROLE = "logit_rows"
 SHARED_LOGIT_ROWS = 64   # calls of up to this many rows reuse one logit_rows input per row count
 
 

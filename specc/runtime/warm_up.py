@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from specc.graph.signature import example_inputs
+from specc.graph.signature import LOGIT_ROWS_DIM, example_inputs
 
 
 def untaken_size(taken: set[int], at_least: int) -> int:
@@ -32,7 +32,7 @@ def warm_up(forward: Callable, target) -> None:
     step_kv = untaken_size(taken | {chunk, chunk_kv}, chunk_kv + 5)
     rows = untaken_size(taken | {chunk, chunk_kv, step_kv}, 2)
     calls = [(chunk, chunk_kv, rows), (1, step_kv, 1)]
-    if any("r" in spec.shape for spec in target.signature.inputs):
+    if any(LOGIT_ROWS_DIM in spec.shape for spec in target.signature.inputs):
         calls.append((chunk, chunk_kv, 1))
     with torch.inference_mode():
         for q, kv, r in calls:
