@@ -1,0 +1,94 @@
+"""benchmarks/gpu_check.sh and gpu_check.py before any GPU: the stages parse their settings,
+join the carried model halves and plan the groups. A mistake here costs a whole GPU loan."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench.scripts import BENCHMARKS, load_benchmark
+
+SCRIPT = BENCHMARKS / "gpu_check.sh"
+SETTINGS = ("BUDGET", "KERNELS_BUDGET", "CHECK_GROUPS", "CHECK_DEVICE", "SELECT", "SPECC_GPU_CARRY")
+
+
+def _carry(root: Path, model: bytes) -> Path:
+    """What `gpu_check.sh prepare` leaves: the model in two sha256-checked halves (no wheels)."""
+    carry = root / "carry"
+    half = (len(model) + 1) // 2
+    for index, part in enumerate((model[:half], model[half:])):
+        folder = carry / f"part{index + 1}"
+        folder.mkdir(parents=True)
+        (folder / f"model.gguf.{index}").write_bytes(part)
+    parts = "".join(f"{hashlib.sha256(data).hexdigest()}  part{i + 1}/model.gguf.{i}\n"
+                    for i, data in enumerate((model[:half], model[half:])))
+    whole = hashlib.sha256(model).hexdigest() + "\n"
+    (carry / "part1" / "parts.sha256").write_text(parts)
+    for folder in ("part1", "part2"):
+        (carry / folder / "whole.sha256").write_text(whole)
+    return carry
+
+
+def _run_stage(tmp_path: Path, stage: str, **env) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    variables = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                 "OUT": str(tmp_path / "out"), "SPECC_GPU_KEEP": str(tmp_path / "keep"), **env}
+    return subprocess.run(["bash", str(SCRIPT), stage], env=variables, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_kernels_then_smollm2_join_the_halves_and_plan_every_group(tmp_path):
+    """Budget 1 s: the halves are joined and checked, then every compile is skipped by the budget
+    and recorded, in the groups' order; no group name comes from bash's own GROUPS variable."""
+    model = os.urandom(1001)
+    carry = _carry(tmp_path, model)
+    kernels = _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    assert kernels.returncode == 0, kernels.stderr
+    smollm2 = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1", CHECK_DEVICE="cpu")
+    assert "unknown group" not in smollm2.stderr
+    assert (tmp_path / "keep" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == model
+    report = json.loads((tmp_path / "out" / "gpu-check" / "gpu-check.json").read_text())
+    engines = [step["engine"] for step in report["compiles"]]
+    assert engines == ["none-inductor", "prompt-lookup-inductor", "kangaroo-inductor", "none+kernels-inductor",
+                       "eagle-inductor", "none-aoti", "prompt-lookup-aoti", "kangaroo-aoti"]
+    assert all("skipped" in step for step in report["compiles"])
+    assert smollm2.returncode == 1   # nothing was benchmarked
+
+
+def test_check_groups_picks_groups_and_an_unknown_one_is_refused(tmp_path):
+    carry = _carry(tmp_path, b"0123456789")
+    _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    picked = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1", CHECK_GROUPS="kangaroo")
+    report = json.loads((tmp_path / "out" / "gpu-check" / "gpu-check.json").read_text())
+    assert [step["engine"] for step in report["compiles"]] == ["none-inductor", "kangaroo-inductor"], picked.stderr
+    refused = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), CHECK_GROUPS="inductor,bogus")
+    assert refused.returncode == 2 and "unknown group(s) bogus" in refused.stderr
+
+
+def test_a_corrupt_half_stops_the_smollm2_stage(tmp_path):
+    carry = _carry(tmp_path, b"0123456789abcdef")
+    _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    (carry / "part2" / "model.gguf.1").write_bytes(b"corrupted")
+    result = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1")
+    assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr
+    assert not (tmp_path / "out" / "gpu-check" / "gpu-check.json").exists()
+
+
+@pytest.mark.parametrize("engines,expected", [(1, 85 + 40 + 120), (2, 85 + 15 + 40 + 120)])
+def test_the_headline_group_reserves_its_load_runs_and_hf(engines, expected):
+    check = load_benchmark("gpu_check")
+    assert check.bench_reserve(check.select_groups("inductor")[0], engines) == expected
+
+
+def test_the_kangaroo_group_is_measured_beside_the_inductor_none():
+    check = load_benchmark("gpu_check")
+    (kangaroo,) = check.select_groups("kangaroo")
+    planned = check.engines_to_compile(kangaroo, tried=set())
+    assert [owner.engine(method) for owner, method in planned] == ["none-inductor", "kangaroo-inductor"]
+    assert check.engines_to_compile(kangaroo, tried={"none-inductor"}) == [(kangaroo, "kangaroo")]
