@@ -26,8 +26,9 @@ from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.cached_model import chunk_layout
 from specc.runtime.drafter import DraftBudget
-from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target, build_tiny_checkpoint,
-                           hf_greedy, recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
+                                       assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint, hf_greedy,
+                                       recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -71,6 +72,15 @@ def test_eager_matches_hf_greedy(engines, family):
     drafted = sum(r.stats.drafted_tokens for r in results)
     assert 0 < accepted < drafted, "the draft should be accepted sometimes, rejected sometimes"
     assert max(r.stats.drafted_tokens / max(1, r.stats.target_forward_passes - 1) for r in results) <= 5
+
+
+def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines):
+    """The prefill of a turn's new tokens carries the last prompt token's pseudo rows, past the
+    reused prefix; the drafter keeps nothing older."""
+    engine, target = engines("llama")
+    reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
+                                                  MAX_NEW_TOKENS)
+    assert reused[0] == 0 and reused[-1] > reused[1] > 0
 
 
 @pytest.fixture(scope="module")

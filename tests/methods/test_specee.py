@@ -22,8 +22,9 @@ from specc.methods.specee.train import train_specee
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
-from specc.testing.checkpoints import (FAMILIES, assert_distribution, assert_matches_hf_greedy, build_tiny_checkpoint,
-                           exact_marginals, sample_calibration_text, varied_prompts)
+from specc.testing.checkpoints import (FAMILIES, assert_distribution, assert_matches_hf_greedy,
+                                       assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint, exact_marginals,
+                                       sample_calibration_text, varied_prompts)
 from specc.host.threads import torch_threads
 
 MAX_SEQ_LEN = 96
@@ -179,6 +180,22 @@ def test_engine_round_trip_is_lossless_and_records_the_schedule(engine, one_thre
     assert schedule["threshold_positions"] == 4 * TRAIN["train_seq_len"]
     assert_matches_hf_greedy(lambda ids: loaded.generate_ids(ids, MAX_NEW_TOKENS), target,
                              varied_prompts(8, 96, seed=11), MAX_NEW_TOKENS)
+
+
+def test_a_lossless_turn_after_a_reused_prefix_matches_hf_greedy(checkpoints, tmp_path, one_thread):
+    """Only each turn's new tokens are prefilled; the head resumes from its KV and the kept feature."""
+    target = checkpoints("llama")[0]
+    calib = sample_calibration_text(target, tmp_path / "calib.txt", sequences=32)
+    settings = [f"{k}={v}" for k, v in {**TRAIN, **EXITING}.items()] + [f"calib_data={calib}"]
+    compile_engine(CompileRequest(model=str(target), method="specee", output=tmp_path / "engine",
+                                  max_seq_len=MAX_SEQ_LEN, settings=settings))
+    loaded = load_engine(tmp_path / "engine")
+    reused = assert_turns_reusing_match_hf_greedy(loaded, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
+                                                  MAX_NEW_TOKENS)
+    assert reused[0] == 0 and reused[-1] > reused[1] > 0
+    drafter = loaded.runtime.drafter
+    assert drafter._fed == len(loaded._prefix.tokens), "the kept feature is the last fed token's"
+    assert any(e < drafter.early.layerwise.num_layers - 1 for e in drafter.early.exit_layers)
 
 
 @pytest.mark.shared_data

@@ -43,6 +43,8 @@ PSEUDO_NODES = "pseudo_nodes"     # [anchors]: the row (tree node) of each ancho
 class PseudoRowTarget:
     """The `target` graph with k pseudo rows per anchor row in every forward."""
 
+    resumable = True   # committed K/V are the plain target's; pseudo rows only write scratch past them
+
     def __init__(self, model: CachedModel, steps: int, pseudo_rows: str):
         self.model = model
         self.steps = steps
@@ -54,6 +56,10 @@ class PseudoRowTarget:
     @property
     def cache(self):
         return self.model.cache
+
+    @property
+    def forward_passes(self) -> int:
+        return self.model.forward_passes
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
         """A causal chunk; its last token is the anchor."""
@@ -139,6 +145,8 @@ def pseudo_layout(local: torch.Tensor, anchors: tuple[int, ...], k: int):
 
 
 class PseudoStateDrafter:
+    resumable = True   # it keeps only the last forward's pseudo logits, and begin reads the prefill's
+
     def __init__(self, config: FIRPConfig, vocab_size: int, eos_token_ids, device):
         self.config = config
         self.steps = config.num_steps

@@ -170,11 +170,18 @@ class FollowsAcceptedTokens:
     early: EarlyExit
     feature: torch.Tensor | None = None
     _undrafted_root: int | None = None   # a root the loop stepped without a draft
+    _fed = 0   # committed tokens: `feature` is the one at slot _fed - 1
 
     def _prime_prompt(self, prompt: torch.Tensor, prefill) -> None:
+        """Prime the head with the prompt's prefilled rows. After a reused prefix
+        (`specc.runtime.prefix_reuse`) the head's KV already holds the reused tokens, and the
+        first new row's input is the kept feature when the prefix ends where the last
+        generation did (else zeros, as at a prompt's start: a weaker draft, never another output)."""
         features = prefill.extras[FEATURE]
-        self.early.head.prime(prompt, 0, previous_features(features))
-        self.feature = features[-1]
+        start = int(prefill.slots[0])
+        before = self.feature if start > 0 and start == self._fed else None
+        self.early.head.prime(prompt[start:], start, previous_features(features, before))
+        self.feature, self._fed = features[-1], prompt.numel()
 
     def _follow(self, draft, acceptance, verification) -> None:
         features = verification.extras[FEATURE]
@@ -184,10 +191,10 @@ class FollowsAcceptedTokens:
                 self.early.head.prime(verification.slots.new_tensor([self._undrafted_root]), start,
                                       self.feature[None])
                 self._undrafted_root = None
-            self.feature = features[-1]
+            self.feature, self._fed = features[-1], start + features.shape[0]
             return
         path = acceptance.path
         accepted = draft.node_tokens[path[1:]]
         if accepted.numel():
             self.early.head.prime(accepted, start + 1, features[path[:-1]])
-        self.feature = features[path[-1]]
+        self.feature, self._fed = features[path[-1]], start + len(path)

@@ -123,6 +123,8 @@ class PartialVerifier:
     exact nodes (`EXACT_LOGITS`, `EXACT_FEATURES`); the `verify` graph runs on
     the remaining nodes only, as a causal chunk after them."""
 
+    resumable = True   # every committed slot holds the full model's K/V at every layer
+
     def __init__(self, full: CachedModel):
         self.full = full
         self.device = full.device
@@ -131,6 +133,10 @@ class PartialVerifier:
     @property
     def max_seq_len(self) -> int:
         return self.full.max_seq_len
+
+    @property
+    def forward_passes(self) -> int:
+        return self.full.forward_passes
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
         return self.full.prefill(tokens, start)
@@ -153,6 +159,8 @@ class PartialVerifier:
 
 class EarlyExitDrafter(FollowsAcceptedTokens):
     """`lossless` mode: early-exit tokens are a chain the full model verifies."""
+
+    resumable = True   # after a reused prefix the head's KV still holds there (`_prime_prompt`)
 
     def __init__(self, early: EarlyExit, max_steps: int):
         self.early = early
