@@ -118,17 +118,19 @@ def convert_gguf(path: str | Path, cache_dir: Path | None = None, *, progress: b
     destination = Path(cache_dir or gguf_cache_dir()) / sha256[:16]
     if cached_conversion(destination, sha256):
         return destination
-    info = read_gguf_info(path)
-    check_gguf_supported(path, info)
-    if progress:
-        size = path.stat().st_size / 1e6
-        print(f"specc: converting {path.name} ({info.architecture}, {'/'.join(info.tensor_types)}, "
-              f"{size:.{0 if size >= 10 else 2}f} MB) to a float32 checkpoint in {destination} (once; this takes a while) ...",
-              file=sys.stderr, flush=True)
-    start = time.perf_counter()
+    from specc.capture.gguf_reads import shared_gguf_reads
     from specc.data.files import write_directory_atomically
 
-    write_directory_atomically(destination, lambda staging: _write_checkpoint(path, info, sha256, staging))
+    with shared_gguf_reads():
+        info = read_gguf_info(path)
+        check_gguf_supported(path, info)
+        if progress:
+            size = path.stat().st_size / 1e6
+            print(f"specc: converting {path.name} ({info.architecture}, {'/'.join(info.tensor_types)}, "
+                  f"{size:.{0 if size >= 10 else 2}f} MB) to a float32 checkpoint in {destination} (once; this takes "
+                  f"a while) ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        write_directory_atomically(destination, lambda staging: _write_checkpoint(path, info, sha256, staging))
     if progress:
         print(f"specc: converted {path.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
     return destination

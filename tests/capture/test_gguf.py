@@ -137,6 +137,23 @@ def test_conversion_is_a_checkpoint_equal_to_transformers_gguf_load(tiny, cache)
     assert torch.equal(direct.generate(ids, **greedy), converted.generate(ids, **greedy))
 
 
+def test_a_conversion_parses_the_file_once_and_builds_one_name_map(tiny, tmp_path, monkeypatch):
+    """transformers reads the file for the tokenizer, the config and the weights, and maps names
+    per submodule (`specc.capture.gguf_reads`); outside a conversion gguf is as it was."""
+    import gguf
+
+    path, checkpoint = tiny
+    opened, mapped = [], []
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args: opened.append(args) or reader_class(*args))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *args: mapped.append(args) or name_map(*args))
+    counting_reader, counting_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    again = convert_gguf(path, cache_dir=tmp_path, progress=False)
+    assert len(opened) == 1 and len(mapped) == 1
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (counting_reader, counting_map)
+    assert (again / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+
+
 def test_conversion_keeps_the_tokenizer_and_chat_template(tiny):
     _, checkpoint = tiny
     tokenizer = load_tokenizer(checkpoint)

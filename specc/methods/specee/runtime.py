@@ -220,7 +220,7 @@ def _warm_up(early: EarlyExit, full: CachedModel) -> None:
     slot = untaken_size(taken, 2) - 1
     while slot + 2 in taken:   # `finish` steps a second token: its cache length must be untaken too
         slot = untaken_size(taken, slot + 3) - 1
-    feature = torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype)
+    feature = torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype, device=full.device)
     with torch.inference_mode():
         early.step(0, slot, feature, force_exit=early.layerwise.scored_layers[0])
         if early.finishing is not None:   # the exited row finishes beside a full step: two rows above the exit
