@@ -11,8 +11,9 @@ session by pointer (IO binding), and outputs are written into tensors
 allocated from the signature, so outside the graph a step copies only q
 rows per cache; inside it, the functional write copies the attended window
 (`kv` rows, one ScatterElements), where the torch graph reads a view.
-onnxruntime runs on CUDAExecutionProvider when it is available, else on
-CPUExecutionProvider; it has no bfloat16 CPU kernels, so
+An engine on CUDA runs on CUDAExecutionProvider (onnxruntime-gpu), its device
+tensors bound where they are; an engine on the CPU on CPUExecutionProvider
+alone. onnxruntime has no bfloat16 CPU kernels, so
 a bfloat16 engine is refused at packaging unless the CUDA provider is there.
 
 Segments a method calls at run time (e.g. skippable sublayers, when the
@@ -91,7 +92,7 @@ class OnnxBackend(Backend):
             raise UsageError(f"the engine has no ONNX graph for {target.name!r}; "
                              f"it was compiled for backend {manifest['backend']!r}")
         returns_sequence = isinstance(output_node(target.module.graph).args[0], (tuple, list))
-        return OnnxSessionGraph(path, target.signature, target.dtype, target.sizes, returns_sequence)
+        return OnnxSessionGraph(path, target.signature, target.dtype, target.sizes, returns_sequence, target.device)
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)

@@ -37,6 +37,15 @@ def execution_providers(onnxruntime) -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
+def session_providers(onnxruntime, device: torch.device) -> list:
+    """The providers of a session for an engine on `device`: the CUDA provider on that GPU
+    (falling back to the CPU for ops it lacks) when the engine is on CUDA, else the CPU's
+    alone, so a CPU engine's tensors are never staged through a GPU that happens to be there."""
+    if device.type == "cuda" and "CUDAExecutionProvider" in execution_providers(onnxruntime):
+        return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
 _shared_pool_threads: int | None = None   # size of the process's one intra-op pool, once created
 
 
@@ -63,14 +72,15 @@ def session_options(ort):
 
 class OnnxSessionGraph:
     def __init__(self, path: Path, signature: GraphSignature, float_dtype: torch.dtype, sizes: dict[str, int],
-                 returns_sequence: bool):
+                 returns_sequence: bool, device: torch.device = torch.device("cpu")):
         ort = import_onnxruntime()
         options = session_options(ort)
-        providers = execution_providers(ort)
+        providers = session_providers(ort, device)
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:   # onnxruntime's own exception types, not importable by name
-            raise SpeccError(f"onnxruntime ({', '.join(providers)}) cannot run {path.name}: "
+            names = ", ".join(p if isinstance(p, str) else p[0] for p in providers)
+            raise SpeccError(f"onnxruntime ({names}) cannot run {path.name}: "
                              f"{str(exc).strip().splitlines()[0]}") from exc
         self.signature = signature
         self.float_dtype = float_dtype

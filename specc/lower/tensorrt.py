@@ -15,11 +15,11 @@ graph was exported in, so verification stays exact); one optimization
 profile covers `q`, `kv` and `r` from 1 to the engine's max sequence length,
 tuned for a one-token step (q = 1) over half the context.
 
-Run: specc's runtime keeps the KV caches (and every other tensor) on the
-host, so each call stages inputs that are not on the GPU onto it, and
-copies outputs and cache rows back; device-resident caches need a device
-option in the engine loader first. Segments a method calls at run time go
-through Inductor, as with `aoti` and `onnx`.
+Run: an engine loaded with `--device cuda` keeps its KV caches (and every
+other tensor) on the GPU, bound here by pointer; an engine loaded for the CPU
+has each call's inputs staged onto the GPU and outputs and cache rows copied
+back. Segments a method calls at run time go through Inductor, as with
+`aoti` and `onnx`.
 """
 
 from __future__ import annotations

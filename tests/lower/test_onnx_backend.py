@@ -297,3 +297,19 @@ def test_missing_onnxruntime_is_a_one_line_usage_error(checkpoints, none_engines
     with pytest.raises(UsageError, match=re.escape(message)):
         compile_onnx(checkpoints("llama")[0], tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_sessions_run_on_the_engines_device_only():
+    """A CPU engine's session never runs on the CUDA provider (its inputs would be staged through
+    the GPU on every call); a CUDA engine's runs on its own GPU, the CPU provider as fallback."""
+    from types import SimpleNamespace
+
+    from specc.lower.onnx_session import session_providers
+
+    with_gpu = SimpleNamespace(get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    cpu_only = SimpleNamespace(get_available_providers=lambda: ["CPUExecutionProvider"])
+    assert session_providers(with_gpu, torch.device("cpu")) == ["CPUExecutionProvider"]
+    assert session_providers(with_gpu, torch.device("cuda", 1)) == [
+        ("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    assert session_providers(with_gpu, torch.device("cuda"))[0] == ("CUDAExecutionProvider", {"device_id": 0})
+    assert session_providers(cpu_only, torch.device("cpu")) == ["CPUExecutionProvider"]
