@@ -120,12 +120,11 @@ def run_smollm2(args, budget: float) -> int:
     start = time.perf_counter()
     report = {"compiles": [], "bench": {}}
     built: dict[str, Path] = {}
-    tried: set[str] = set()   # an engine that failed or was skipped is not tried again for a later group
     for group in groups:
         compiled = [f"{name}={built[name]}" for name in group.beside if name in built]
+        tried = {step["engine"] for step in report["compiles"]}   # failed or skipped: not tried again
         for count, (owner, method) in enumerate(engines_to_compile(group, tried), start=1):
             name = owner.engine(method)
-            tried.add(name)
             left = budget - (time.perf_counter() - start) - bench_reserve(group, count)
             if left < 30:
                 report["compiles"].append({"engine": name, "skipped": f"budget: {left:.0f} s left for compiling"})

@@ -9,7 +9,8 @@
 # So, on a machine with the package index (a specc checkout with its venv and the GGUF fetched):
 #
 #     bash benchmarks/gpu_check.sh prepare      # wheels + the GGUF in two sha256-checked halves
-#                                               # under .gpu_carry/ (git-ignored)
+#                                               # under .gpu_carry/ (git-ignored; `split GGUF`
+#                                               # does the halves alone)
 #
 # then, on the GPU machine, three commands back to back (files outside the checkout survive between
 # them only while the machine stays up, about 30 s). The SmolLM2 figures come first: the tests
@@ -62,6 +63,16 @@ install_wheels() {
 transformers.__version__, 'cuda', torch.cuda.is_available())"; } > "$OUT_DIR/machine.txt" 2>&1
 }
 
+split_model() {   # the file $1 as two halves, part1/ and part2/, with the sha256 of each and of the whole
+    local model
+    model=$(realpath "$1")
+    mkdir -p "$CARRY/part1" "$CARRY/part2"
+    split -b $(( ($(stat -c %s "$model") + 1) / 2 )) -d -a 1 "$model" "$CARRY/model."
+    mv "$CARRY/model.0" "$CARRY/part1/model.gguf.0" && mv "$CARRY/model.1" "$CARRY/part2/model.gguf.1"
+    (cd "$CARRY" && sha256sum part1/model.gguf.0 part2/model.gguf.1 > parts.sha256 && sha256sum "$model" | cut -d' ' -f1 > whole.sha256)
+    cp "$CARRY/parts.sha256" "$CARRY/whole.sha256" "$CARRY/part1/" && cp "$CARRY/whole.sha256" "$CARRY/part2/"
+}
+
 run_kernels_bench() {
     mkdir -p "$OUT_DIR/logs"
     timeout "${KERNELS_BUDGET:-90}" python benchmarks/kernels_bench.py --quick --out "$OUT_DIR" \
@@ -72,15 +83,13 @@ case "${1:-}" in
 prepare)
     gguf=$(python -m specc.refmodels fetch smollm2-135m | tail -n 1)
     [ -f "$gguf" ] || gguf=$(ls "$HOME"/.cache/specc/downloads/smollm2-135m/*.gguf)
-    rm -rf "$CARRY" && mkdir -p "$CARRY/wheels" "$CARRY/part1" "$CARRY/part2"
+    rm -rf "$CARRY" && mkdir -p "$CARRY/wheels"
     python -m pip wheel --quiet --no-deps -w "$CARRY/wheels" . examples/prompt_lookup
     python -m pip download --quiet --no-deps -d "$CARRY/wheels" gguf pytest pluggy iniconfig
-    half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
-    split -b "$half" -d -a 1 "$gguf" "$CARRY/model."
-    mv "$CARRY/model.0" "$CARRY/part1/model.gguf.0" && mv "$CARRY/model.1" "$CARRY/part2/model.gguf.1"
-    (cd "$CARRY" && sha256sum part1/model.gguf.0 part2/model.gguf.1 > parts.sha256 && sha256sum "$gguf" | cut -d' ' -f1 > whole.sha256)
-    cp "$CARRY/parts.sha256" "$CARRY/whole.sha256" "$CARRY/part1/" && cp "$CARRY/whole.sha256" "$CARRY/part2/"
+    split_model "$gguf"
     du -sh "$CARRY"/* ;;
+split)
+    split_model "$2" ;;
 kernels)
     install_wheels
     mkdir -p "$KEEP" && cp "$CARRY"/part1/* "$KEEP/" 2>/dev/null || true
@@ -103,5 +112,5 @@ all)
     python benchmarks/gpu_check.py smollm2 --gguf "$2" --out "$OUT_DIR" --budget 500
     python benchmarks/gpu_check.py tests --out "$OUT_DIR" --budget "${BUDGET:-230}" || echo "pytest -m gpu failed" ;;
 *)
-    echo "usage: bash benchmarks/gpu_check.sh prepare|kernels|smollm2|tests|all GGUF" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_check.sh prepare|split GGUF|kernels|smollm2|tests|all GGUF" >&2; exit 2 ;;
 esac

@@ -32,7 +32,6 @@ from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 
 
-
 @dataclass(frozen=True)
 class LogitRowsConfig:
     input_name: str = "logit_rows"

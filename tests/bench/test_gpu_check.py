@@ -3,7 +3,6 @@ join the carried model halves and plan the groups. A mistake here costs a whole 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,27 +18,19 @@ SETTINGS = ("BUDGET", "KERNELS_BUDGET", "CHECK_GROUPS", "CHECK_DEVICE", "SELECT"
 
 
 def _carry(root: Path, model: bytes) -> Path:
-    """What `gpu_check.sh prepare` leaves: the model in two sha256-checked halves (no wheels)."""
-    carry = root / "carry"
-    half = (len(model) + 1) // 2
-    for index, part in enumerate((model[:half], model[half:])):
-        folder = carry / f"part{index + 1}"
-        folder.mkdir(parents=True)
-        (folder / f"model.gguf.{index}").write_bytes(part)
-    parts = "".join(f"{hashlib.sha256(data).hexdigest()}  part{i + 1}/model.gguf.{i}\n"
-                    for i, data in enumerate((model[:half], model[half:])))
-    whole = hashlib.sha256(model).hexdigest() + "\n"
-    (carry / "part1" / "parts.sha256").write_text(parts)
-    for folder in ("part1", "part2"):
-        (carry / folder / "whole.sha256").write_text(whole)
+    """What `gpu_check.sh prepare` leaves of the model (`split`: two sha256-checked halves; no wheels)."""
+    carry, path = root / "carry", root / "model.gguf"
+    path.write_bytes(model)
+    split = _run_stage(root, "split", str(path), SPECC_GPU_CARRY=str(carry))
+    assert split.returncode == 0, split.stderr
     return carry
 
 
-def _run_stage(tmp_path: Path, stage: str, **env) -> subprocess.CompletedProcess:
+def _run_stage(tmp_path: Path, stage: str, *args: str, **env) -> subprocess.CompletedProcess:
     inherited = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     variables = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                  "OUT": str(tmp_path / "out"), "SPECC_GPU_KEEP": str(tmp_path / "keep"), **env}
-    return subprocess.run(["bash", str(SCRIPT), stage], env=variables, capture_output=True, text=True,
+    return subprocess.run(["bash", str(SCRIPT), stage, *args], env=variables, capture_output=True, text=True,
                           timeout=300)
 
 
