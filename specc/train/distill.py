@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from specc.host.threads import LoadFollower
 from specc.train.heap import releasing
+from specc.train.packing import window_groups
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,25 @@ class SparseTarget:
     def positions(self) -> int:
         return self.indices.shape[0]
 
+    def split(self, lengths: list[int]) -> list[SparseTarget]:
+        """Consecutive runs of `lengths` positions, each with tensors of its own."""
+        parts = [t.split(lengths) for t in (self.indices, self.probs, self.top1)]
+        return [SparseTarget(*(part.clone() for part in run)) for run in zip(*parts)]
+
 
 Target = torch.Tensor | SparseTarget   # dense probs [N, V], or sparse top-k
 Teacher = Callable[[torch.Tensor], tuple[Target, object]]   # example → (target, student input)
+
+
+@dataclass(frozen=True)
+class PackedTeacher:
+    """A teacher that takes several windows in one call (`specc.train.packing`): `teach`
+    maps a list of windows, `tokens_per_call` tokens at most unless one window is longer,
+    to each window's (target, student input)."""
+
+    teach: Callable[[list[torch.Tensor]], list[tuple[Target, object]]]
+    tokens_per_call: int
+
 Student = Callable[[object], torch.Tensor]                  # student input → logits [N, V]
 
 
@@ -121,17 +138,20 @@ def sparse_target(probs: torch.Tensor, k: int, to_student: torch.Tensor | None =
     return SparseTarget(indices, values, indices[:, 0].clone())
 
 
-def cache_teacher(teacher: Teacher, examples: list[torch.Tensor], description: str) -> Teacher:
+def cache_teacher(teacher: Teacher | PackedTeacher, examples: list[torch.Tensor], description: str) -> Teacher:
     """Run the frozen teacher once per distinct example and serve its outputs
     from memory afterwards (the teacher is most of the cost of a step)."""
+    packed = teacher if isinstance(teacher, PackedTeacher) else PackedTeacher(lambda group: [teacher(group[0])], 0)
+    distinct = list({id(example): example for example in examples}.values())
     cached = {}
     follow_load = LoadFollower()
-    for example in releasing(tqdm(examples, desc=description, unit="window", dynamic_ncols=True)):
-        follow_load()
-        if id(example) not in cached:
+    with tqdm(total=len(distinct), desc=description, unit="window", dynamic_ncols=True) as bar:
+        for group in releasing(window_groups(distinct, packed.tokens_per_call)):
+            follow_load()
             with torch.no_grad():
-                cached[id(example)] = teacher(example)
-    return lambda example: cached[id(example)] if id(example) in cached else teacher(example)
+                cached.update(zip(map(id, group), packed.teach(group)))
+            bar.update(len(group))
+    return lambda example: cached[id(example)] if id(example) in cached else packed.teach([example])[0]
 
 
 def _top1(target: Target) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Train eagle's draft head at compile time: self-distillation with training-time test.
 
-Teacher: the frozen target, run once per training window through a training-only
-graph that also returns the states entering the three fused layers
-(`expose_layer_inputs`); it keeps those states and the target's top-k next-token
-probabilities (in the draft head's index space).
+Teacher: the frozen target, run once per training window (several windows a call,
+`specc.train.packing`) through a training-only graph that also returns the states
+entering the three fused layers (`expose_layer_inputs`); it keeps those states and
+the target's top-k next-token probabilities (in the draft head's index space).
 
 Student: the fusion `W_fc` (the target graph's `eagle.fc.weight`) and the `head`
 graph, unrolled `ttt_steps` deep on its own outputs, as EAGLE-3 trains it:
@@ -38,8 +38,9 @@ from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.masks import apply_sliding_window
 from specc.train.corpus import token_windows
-from specc.train.distill import DistillConfig, SparseTarget, cache_teacher, distill, sparse_target
-from specc.train.inputs import decoding_inputs, empty_caches
+from specc.train.distill import DistillConfig, PackedTeacher, SparseTarget, cache_teacher, distill, sparse_target
+from specc.train.inputs import empty_caches
+from specc.train.packing import packed_decoding_inputs, tokens_per_call, unpack
 from specc.train.vocabulary import frequent_tokens, student_index
 
 HEAD_WEIGHT = f"{DraftVocabularyConfig.module_name}.weight"
@@ -108,18 +109,22 @@ def _teacher_graph(context: TrainingContext, config, layers):
     return context.build_graphs({"teacher": recipe}, config).graphs["teacher"].module
 
 
-def _teacher(graph, arch, dtype, top_k: int, to_student, steps: int):
-    """tokens → (the target's top-k next-token probabilities, unrolled for `steps` steps,
-    (tokens, the three states concatenated [T, 3H]))."""
+def _teacher(graph, arch, dtype, top_k: int, to_student, steps: int) -> PackedTeacher:
+    """windows → per window (the target's top-k next-token probabilities, unrolled for
+    `steps` steps, (tokens, the three states concatenated [T, 3H])), several windows a call."""
     device = next(graph.parameters()).device
 
-    def teach(tokens: torch.Tensor):
-        tokens = tokens.to(device)
-        caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype, device)
-        logits, *states = graph(*decoding_inputs(tokens, arch.sliding_window), *caches)
-        target = sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student)
-        return _unrolled_target(target, steps), (tokens, torch.cat(states, dim=-1)[0])
-    return teach
+    def teach(windows: list[torch.Tensor]):
+        windows = [w.to(device) for w in windows]
+        inputs = packed_decoding_inputs(windows, arch.sliding_window)
+        caches = empty_caches(arch, arch.num_layers, inputs[0].numel(), dtype, device)
+        logits, *states = graph(*inputs, *caches)
+        targets = sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student).split(
+            [w.numel() for w in windows])
+        return [(_unrolled_target(target, steps), (tokens, window_states))
+                for target, tokens, window_states in zip(targets, windows,
+                                                         unpack(torch.cat(states, dim=-1)[0], windows))]
+    return PackedTeacher(teach, tokens_per_call(device))
 
 
 def _unrolled_target(target: SparseTarget, steps: int) -> SparseTarget:

@@ -3,8 +3,9 @@
 Teacher: the frozen target as the program runs it, `shallow` then `deep`
 on a window of tokens, giving the exit states and the full model's next-
 token distribution (kept as its top-k, in the draft head's index space).
-The teacher runs once per distinct window and is served from memory after
-that: at 135M parameters it is most of the cost of a step. Student: the
+The teacher runs once per distinct window, several windows a call
+(`specc.train.packing`), and is served from memory after that: at 135M
+parameters it is most of the cost of a step. Student: the
 `adapter` graph on those exit states, with its own KV cache, exactly as it
 drafts. Only the adapter's parameters move; the shared LM head, the draft
 head's rows and every target weight stay frozen.
@@ -29,7 +30,8 @@ from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
-from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
+from specc.train.distill import DistillConfig, PackedTeacher, cache_teacher, distill, sparse_target
+from specc.train.packing import packed_decoding_inputs, tokens_per_call, unpack
 
 ADAPTER_MODULE = AdapterHeadConfig().module_name
 
@@ -87,19 +89,22 @@ def adapter_parameters(adapter: torch.nn.Module) -> dict[str, torch.nn.Parameter
     return {name: p for name, p in adapter.named_parameters() if name.startswith(ADAPTER_MODULE + ".")}
 
 
-def _teacher(shallow, deep, arch, dtype, top_k: int, to_student):
-    """tokens → (the target's top-k next-token probabilities in the draft head's
-    index space, (tokens, the exit states [1, T, H]))."""
+def _teacher(shallow, deep, arch, dtype, top_k: int, to_student) -> PackedTeacher:
+    """windows → per window (the target's top-k next-token probabilities in the draft head's
+    index space, (tokens, the exit states [1, T, H])), several windows a call."""
     device = next(shallow.parameters()).device
 
-    def teach(tokens: torch.Tensor):
-        tokens = tokens.to(device)
-        inputs = decoding_inputs(tokens, arch.sliding_window)
-        caches = empty_caches(arch, arch.num_layers, tokens.numel(), dtype, device)
+    def teach(windows: list[torch.Tensor]):
+        windows = [w.to(device) for w in windows]
+        inputs = packed_decoding_inputs(windows, arch.sliding_window)
+        caches = empty_caches(arch, arch.num_layers, inputs[0].numel(), dtype, device)
         (exits,) = shallow(*inputs, *caches)
         (logits,) = deep(*inputs, *caches, exits)
-        return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student), (tokens, exits)
-    return teach
+        targets = sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student).split(
+            [w.numel() for w in windows])
+        return [(target, (tokens, window_exits[None]))
+                for target, tokens, window_exits in zip(targets, windows, unpack(exits[0], windows))]
+    return PackedTeacher(teach, tokens_per_call(device))
 
 
 def _student(adapter, arch, dtype):

@@ -38,8 +38,9 @@ from specc.methods.s3d.skip_middle_layers import decoder_layers
 from specc.methods.s3d.select import select_by_eq12
 from specc.runtime.cached_model import CACHE_ROLE
 from specc.train.corpus import token_windows
-from specc.train.distill import DistillConfig, SparseTarget, cache_teacher, distill, sparse_target
-from specc.train.inputs import decoding_inputs, empty_caches
+from specc.train.distill import DistillConfig, PackedTeacher, SparseTarget, cache_teacher, distill, sparse_target
+from specc.train.inputs import empty_caches
+from specc.train.packing import packed_decoding_inputs, tokens_per_call, unpack
 
 DRAFT_PREFIXES = (DraftLoraConfig().module_name + ".", MaskTokensConfig().parameter_name)
 
@@ -161,15 +162,20 @@ def _copies(parameters: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor
     return {name: p.detach().clone() for name, p in parameters.items()}
 
 
-def _teacher(target, arch, dtype, top_k: int):
-    """window → (the target's top-k next-token probabilities, (window, K/V of every layer)).
-    Every layer's K/V is kept so that any candidate block's draft can read its kept ones."""
-    def teach(window: torch.Tensor):
-        caches = empty_caches(arch, arch.num_layers, window.numel(), dtype)
-        (logits,) = target(*decoding_inputs(window, arch.sliding_window), *caches)
-        kv = [cache[:, :, : window.numel()].clone() for cache in caches]
-        return sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k), (window, kv)
-    return teach
+def _teacher(target, arch, dtype, top_k: int) -> PackedTeacher:
+    """windows → per window (the target's top-k next-token probabilities, (window, K/V of
+    every layer)), several windows a call. Every layer's K/V is kept so that any candidate
+    block's draft can read its kept ones."""
+    device = next(target.parameters()).device
+
+    def teach(windows: list[torch.Tensor]):
+        inputs = packed_decoding_inputs(windows, arch.sliding_window)
+        caches = empty_caches(arch, arch.num_layers, inputs[0].numel(), dtype, device)
+        (logits,) = target(*inputs, *caches)
+        targets = sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k).split([w.numel() for w in windows])
+        kv = zip(*(unpack(cache[:, :, :-1], windows, dim=2) for cache in caches))
+        return [(probs, (window, list(window_kv))) for probs, window, window_kv in zip(targets, windows, kv)]
+    return PackedTeacher(teach, tokens_per_call(device))
 
 
 def mask_positions(length: int, phase: int, gamma: int) -> torch.Tensor:

@@ -34,8 +34,9 @@ from specc.methods.specee.insert_exit_predictors import (MODULE, apply_predictor
 from specc.train.corpus import token_windows
 from specc.train.inputs import decoding_inputs, empty_caches
 from specc.train.vocabulary import frequent_tokens, student_index
-from specc.train.distill import DistillConfig, cache_teacher, distill, sparse_target
+from specc.train.distill import DistillConfig, PackedTeacher, cache_teacher, distill, sparse_target
 from specc.train.heap import releasing
+from specc.train.packing import packed_decoding_inputs, tokens_per_call, unpack
 
 HEAD_MODULE = DraftHeadConfig().module_name
 CALIBRATION_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.993,
@@ -122,14 +123,20 @@ def _head_parameters(head: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in head.named_parameters() if name.startswith(HEAD_MODULE + ".")}
 
 
-def _teacher(verify, arch, dtype, top_k: int, to_student):
-    """tokens → (the target's top-k next-token probabilities, (tokens, previous-token features))."""
-    def teach(tokens: torch.Tensor):
-        logits, features = verify(*decoding_inputs(tokens, arch.sliding_window), *empty_caches(arch, arch.num_layers, tokens.numel(), dtype))
-        shifted = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
-        probs = torch.softmax(logits[0].float(), dim=-1)
-        return sparse_target(probs, top_k, to_student), (tokens, shifted, logits[0].argmax(-1))
-    return teach
+def _teacher(verify, arch, dtype, top_k: int, to_student) -> PackedTeacher:
+    """windows → per window (the target's top-k next-token probabilities, (tokens,
+    previous-token features, the target's argmax)), several windows a call."""
+    device = next(verify.parameters()).device
+
+    def teach(windows: list[torch.Tensor]):
+        inputs = packed_decoding_inputs(windows, arch.sliding_window)
+        logits, features = verify(*inputs, *empty_caches(arch, arch.num_layers, inputs[0].numel(), dtype, device))
+        targets = sparse_target(torch.softmax(logits[0].float(), dim=-1), top_k, to_student).split(
+            [w.numel() for w in windows])
+        return [(target, (tokens, torch.cat([torch.zeros_like(f[:1]), f[:-1]])[None], top1))
+                for target, tokens, f, top1 in zip(targets, windows, unpack(features[0], windows),
+                                                   unpack(logits[0].argmax(-1), windows))]
+    return PackedTeacher(teach, tokens_per_call(device))
 
 
 def _student(head, arch, dtype):
