@@ -27,6 +27,9 @@ from specc.train.heap import releasing
 from specc.train.packing import window_groups
 
 
+LOSSES_READ_EVERY = 20   # training steps between reads of their losses (and progress bar updates)
+
+
 @dataclass(frozen=True)
 class DistillConfig:
     steps: int
@@ -178,6 +181,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     report = DistillReport(steps=config.steps, seconds=0.0)
     report.evaluations.append(evaluate(student, teacher, heldout_examples, 0, heldout_scored))
     losses: list[float] = []
+    pending: list[torch.Tensor] = []   # read back a few steps at a time: each read waits for a GPU
     bar = tqdm(order, desc=description, unit="step", dynamic_ncols=True)
     follow_load = LoadFollower()
     for step, index in enumerate(bar, start=1):
@@ -188,11 +192,15 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
         loss.backward()
         distill_step(parameters, masters, optimizer, config.grad_clip)
         schedule.step()
-        losses.append(loss.item())
-        if step % config.eval_every == 0 or step == config.steps:
+        pending.append(loss.detach())
+        evaluating = step % config.eval_every == 0 or step == config.steps
+        if evaluating:
             report.evaluations.append(evaluate(student, teacher, heldout_examples, step, heldout_scored))
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
-                        accept=f"{report.final.acceptance:.3f}")
+        if evaluating or len(pending) == LOSSES_READ_EVERY:
+            losses += torch.stack(pending).tolist()
+            pending.clear()
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
+                            accept=f"{report.final.acceptance:.3f}")
     bar.close()
     for p in parameters:
         p.requires_grad_(False)
