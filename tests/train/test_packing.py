@@ -105,11 +105,11 @@ def _tensors(lesson) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kangaroo_teacher_packed_matches_each_window_alone(family, one_thread):
-    from specc.methods.kangaroo.train import _teacher
+    from specc.methods.kangaroo.train import window_teacher
 
     context = program_context("kangaroo", family)
     graphs = context.program.graphs
-    teacher = _teacher(graphs["shallow"].module, graphs["deep"].module, graphs["shallow"].architecture,
+    teacher = window_teacher(graphs["shallow"].module, graphs["deep"].module, graphs["shallow"].architecture,
                        torch.float32, 8, None)
     assert_same_per_window(teacher, windows())
 
@@ -117,27 +117,27 @@ def test_kangaroo_teacher_packed_matches_each_window_alone(family, one_thread):
 def test_eagle_teacher_packed_matches_each_window_alone(one_thread):
     from specc.methods.eagle.config import parse_layers
     from specc.methods.eagle.expose_fused_features import FusedFeaturesConfig
-    from specc.methods.eagle.train import _teacher, _teacher_graph
+    from specc.methods.eagle.train import teacher_graph, window_teacher
 
     config = get_method("eagle").config_class()
     context = program_context("eagle", "mistral", config)
     arch = context.program.graphs["target"].architecture
     layers = FusedFeaturesConfig(parse_layers(config.fused_layers)).resolve(arch.num_layers)
-    teacher = _teacher(_teacher_graph(context, config, layers), arch, torch.float32, 8, None, steps=3)
+    teacher = window_teacher(teacher_graph(context, config, layers), arch, torch.float32, 8, None, steps=3)
     assert_same_per_window(teacher, windows())
 
 
 def test_specee_teacher_packed_matches_each_window_alone(one_thread):
-    from specc.methods.specee.train import _teacher
+    from specc.methods.specee.train import window_teacher
 
     context = program_context("specee", "qwen2")
     verify = context.program.graphs["verify"]
-    assert_same_per_window(_teacher(verify.module, verify.architecture, torch.float32, 8, None), windows())
+    assert_same_per_window(window_teacher(verify.module, verify.architecture, torch.float32, 8, None), windows())
 
 
 def test_s3d_teacher_packed_matches_each_window_alone(one_thread):
-    from specc.methods.s3d.train import _teacher
+    from specc.methods.s3d.train import window_teacher
 
     context = program_context("s3d", "phi3")
     target = context.program.graphs["target"]
-    assert_same_per_window(_teacher(target.module, target.architecture, torch.float32, 8), windows())
+    assert_same_per_window(window_teacher(target.module, target.architecture, torch.float32, 8), windows())

@@ -75,10 +75,10 @@ def train_head(context: TrainingContext, config, tokenizer) -> TrainResult:
     for name, p in head.named_parameters():
         p.requires_grad_(name.startswith(MODULE + "."))
     if config.train_steps > 0:
-        teacher_graph = _teacher_graph(context, config, layers)
+        graph = teacher_graph(context, config, layers)
         to_student = None if to_student is None else to_student.to(device)
         steps = config.ttt_steps
-        teacher = cache_teacher(_teacher(teacher_graph, arch, dtype, config.teacher_top_k, to_student, steps),
+        teacher = cache_teacher(window_teacher(graph, arch, dtype, config.teacher_top_k, to_student, steps),
                                 windows.train + windows.heldout, "eagle: running the target once per window")
         student = _student(head, fc, arch, dtype, steps)
         scored = None if windows.heldout_scored is None else [_unrolled_mask(m, steps) for m in windows.heldout_scored]
@@ -104,12 +104,12 @@ def _trained(head, fc) -> dict[str, torch.Tensor]:
     return {FC_WEIGHT: fc.detach().clone(), **{name: p.detach().clone() for name, p in head_parameters(head).items()}}
 
 
-def _teacher_graph(context: TrainingContext, config, layers):
+def teacher_graph(context: TrainingContext, config, layers):
     recipe = GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerInputs(LayerInputsConfig(layers))])
     return context.build_graphs({"teacher": recipe}, config).graphs["teacher"].module
 
 
-def _teacher(graph, arch, dtype, top_k: int, to_student, steps: int) -> PackedTeacher:
+def window_teacher(graph, arch, dtype, top_k: int, to_student, steps: int) -> PackedTeacher:
     """windows → per window (the target's top-k next-token probabilities, unrolled for
     `steps` steps, (tokens, the three states concatenated [T, 3H])), several windows a call."""
     device = next(graph.parameters()).device

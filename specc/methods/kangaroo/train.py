@@ -67,7 +67,7 @@ def train_adapter(context: TrainingContext, config, tokenizer) -> TrainResult:
             p.requires_grad_(False)   # the target, its LM head and the draft head are frozen
     if config.train_steps > 0:
         dtype = next(iter(parameters.values())).dtype
-        teacher = cache_teacher(_teacher(shallow, deep, arch, dtype, config.teacher_top_k, to_student),
+        teacher = cache_teacher(window_teacher(shallow, deep, arch, dtype, config.teacher_top_k, to_student),
                                 windows.train + windows.heldout, "kangaroo: running the target once per window")
         report = distill(_student(adapter, arch, dtype), teacher,
                          list(parameters.values()), windows.train, windows.heldout,
@@ -89,7 +89,7 @@ def adapter_parameters(adapter: torch.nn.Module) -> dict[str, torch.nn.Parameter
     return {name: p for name, p in adapter.named_parameters() if name.startswith(ADAPTER_MODULE + ".")}
 
 
-def _teacher(shallow, deep, arch, dtype, top_k: int, to_student) -> PackedTeacher:
+def window_teacher(shallow, deep, arch, dtype, top_k: int, to_student) -> PackedTeacher:
     """windows → per window (the target's top-k next-token probabilities in the draft head's
     index space, (tokens, the exit states [1, T, H])), several windows a call."""
     device = next(shallow.parameters()).device

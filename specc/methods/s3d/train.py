@@ -74,7 +74,7 @@ def train_draft(context: TrainingContext, config, tokenizer) -> TrainResult:
     windows = token_windows(tokenizer, config.calib_data, config.train_seq_len, config.train_windows,
                             config.eval_sequences, config.seed)
     dtype = next(target.parameters()).dtype
-    cached = cache_teacher(_teacher(target, arch, dtype, config.teacher_top_k),
+    cached = cache_teacher(window_teacher(target, arch, dtype, config.teacher_top_k),
                            windows.train + windows.heldout, "s3d: running the target once per window")
 
     def teacher(lesson: Lesson) -> tuple[SparseTarget, StudentInput]:
@@ -162,7 +162,7 @@ def _copies(parameters: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor
     return {name: p.detach().clone() for name, p in parameters.items()}
 
 
-def _teacher(target, arch, dtype, top_k: int) -> PackedTeacher:
+def window_teacher(target, arch, dtype, top_k: int) -> PackedTeacher:
     """windows → per window (the target's top-k next-token probabilities, (window, K/V of
     every layer)), several windows a call. Every layer's K/V is kept so that any candidate
     block's draft can read its kept ones."""

@@ -56,7 +56,7 @@ def train_specee(context: TrainingContext, config: SpecEEConfig, tokenizer) -> T
     head, verify = _draft_head(context, config, vocabulary), program.graphs["verify"].module
     dtype = next(head.parameters()).dtype
     to_student = None if vocabulary is None else student_index(vocabulary, arch.vocab_size)
-    teacher = cache_teacher(_teacher(verify, arch, dtype, config.teacher_top_k, to_student),
+    teacher = cache_teacher(window_teacher(verify, arch, dtype, config.teacher_top_k, to_student),
                             windows.train + windows.heldout, "specee: running the target once per window")
     trainable = _head_parameters(head)
     for name, p in head.named_parameters():
@@ -123,7 +123,7 @@ def _head_parameters(head: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in head.named_parameters() if name.startswith(HEAD_MODULE + ".")}
 
 
-def _teacher(verify, arch, dtype, top_k: int, to_student) -> PackedTeacher:
+def window_teacher(verify, arch, dtype, top_k: int, to_student) -> PackedTeacher:
     """windows → per window (the target's top-k next-token probabilities, (tokens,
     previous-token features, the target's argmax)), several windows a call."""
     device = next(verify.parameters()).device
