@@ -100,6 +100,7 @@ class SparseTarget:
 
 Target = torch.Tensor | SparseTarget   # dense probs [N, V], or sparse top-k
 Teacher = Callable[[torch.Tensor], tuple[Target, object]]   # example → (target, student input)
+Student = Callable[[object], torch.Tensor]                  # student input → logits [N, V]
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,6 @@ class PackedTeacher:
 
     teach: Callable[[list[torch.Tensor]], list[tuple[Target, object]]]
     tokens_per_call: int
-
-Student = Callable[[object], torch.Tensor]                  # student input → logits [N, V]
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, target: Target) -> torch.Tensor:

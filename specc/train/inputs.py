@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.masks import apply_sliding_window, causal_chunk_mask
+from specc.train.packing import packed_decoding_inputs
 
 
 def decoding_inputs(tokens: torch.Tensor, sliding_window: int | None) -> tuple:
     """tokens [1, T], positions [1, T], a causal mask (within the architecture's sliding
-    window, as the engine's steps see it) and cache slots 0..T-1."""
-    positions = torch.arange(tokens.numel(), device=tokens.device)
-    return tokens[None], positions[None], apply_sliding_window(causal_chunk_mask(0, tokens.numel(), tokens.device),
-                                                               positions,
-                                                               sliding_window), positions
+    window, as the engine's steps see it) and cache slots 0..T-1: one window packed alone."""
+    return packed_decoding_inputs([tokens], sliding_window)
 
 
 def empty_caches(arch, layers: int, length: int, dtype, device="cpu") -> list[torch.Tensor]:
