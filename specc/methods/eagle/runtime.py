@@ -5,7 +5,8 @@ Per round (root = the last committed token, at position r):
 - catch-up: the head runs on every position it has not seen, root last, in one call: the
   token at p with the target's feature of p - 1 (committed positions always read the
   target's features, as the head was trained). Its last row gives the root's candidates
-  and the head's own hidden state there;
+  and the head's own hidden state there, and only that row goes through the head's LM head
+  (after lookup copied a span, a catch-up has dozens of rows);
 - growth (EAGLE-2): at each depth the `tree_width` best nodes by cumulative draft
   log-probability are expanded, in one head call, each with its parent's head hidden state
   as the feature (the target's is not known yet) and attending to the prefix and its own
@@ -137,9 +138,9 @@ class EagleDrafter:
         positions = torch.arange(start, root + 1, device=self.device)
         out = self.head.run(torch.tensor(tokens[start:], device=self.device), positions, positions,
                             causal_chunk_mask(start, root + 1 - start, self.device),
-                            self.features[start: root + 1][None])
+                            self.features[start: root + 1][None], last_logits_only=True)
         self.head_len = root + 1
-        return out.logits[-1:], out.extras[HIDDEN_OUTPUT][-1:]
+        return out.logits, out.extras[HIDDEN_OUTPUT][-1:]
 
     def _offer(self, growth: _Growth, frontier: list[int], logits: torch.Tensor, width: int,
                sampling: SamplingConfig) -> list[int]:

@@ -60,7 +60,8 @@ class DraftHead:
         """Write the head's KV for `tokens` at slots start.. given each previous token's feature [n, hidden]."""
         device = self.model.device
         slots = torch.arange(start, start + tokens.numel(), device=device)
-        self.model.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), device), features[None])
+        self.model.run(tokens, slots, slots, causal_chunk_mask(start, tokens.numel(), device), features[None],
+                       last_logits_only=True)   # the KV writes are wanted, no logits: the fewest rows
 
     def to_vocabulary(self, indices: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices as target token ids."""
