@@ -168,8 +168,55 @@ def _decode_in_own_process(path: Path, prompts, device: str = DEVICE) -> dict:
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _DECODE_ELSEWHERE, str(path), device,
                            str(NEW_TOKENS), json.dumps(prompts)], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        pytest.fail(f"loading or decoding {path.name} ended with rc {done.returncode}:\n{done.stderr[-4000:]}")
+        pytest.fail(f"loading or decoding {path.name} ended with rc {done.returncode}:\n{done.stderr[-4000:]}"
+                    f"{_aoti_probes(path, device)}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Where the AOTI crash is, when there is one: each probe in a process of its own loads the
+# engine's packages one way and stops at a different point, so a failed test says which of
+# loading, loading without AOTInductor's thread synchronisation (what CUDA graph capture needs,
+# specc.lower.aoti) or decoding with the default loader is the one that crashes.
+_AOTI_PROBE = """
+import sys
+from pathlib import Path
+import torch
+path, device, probe = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+packages = sorted((path / "compiled").glob("*.pt2"))
+if probe == "decode, default loader":
+    import specc.lower.aoti as aoti
+    from specc.engine.loaded import load_engine
+    aoti._load_package = lambda package, device: torch._inductor.aoti_load_package(str(package))
+    engine = load_engine(str(path), device=None if device == "auto" else device)
+    print(engine.generate_ids([5, 9, 14], 4).token_ids, flush=True)
+else:
+    for package in packages:
+        print("loading", package.name, flush=True)
+        if probe == "load, single-threaded":
+            torch._inductor.aoti_load_package(str(package), run_single_threaded=True,
+                                              **({} if device == "cpu" else {"device_index": 0}))
+        else:
+            torch._inductor.aoti_load_package(str(package))
+print("probe done", flush=True)
+"""
+AOTI_PROBES = ("load", "load, single-threaded", "decode, default loader")
+
+
+def _aoti_probes(path: Path, device: str) -> str:
+    """What each of `AOTI_PROBES` did on the engine at `path`, for a failure message."""
+    import subprocess
+    import sys
+
+    lines = ["\n\nAOTI probes, each in its own process:"]
+    for probe in AOTI_PROBES:
+        try:
+            done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _AOTI_PROBE, str(path), device, probe],
+                                  capture_output=True, text=True, timeout=600)
+            lines.append(f"- {probe}: rc {done.returncode}; stdout {done.stdout.strip()[-300:]!r}; "
+                         f"stderr tail {done.stderr.strip()[-1500:]!r}")
+        except subprocess.TimeoutExpired:
+            lines.append(f"- {probe}: timed out after 600 s")
+    return "\n".join(lines)
 
 
 def test_an_aoti_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoints, compiled):
