@@ -17,6 +17,7 @@ from specc.contract.descriptor import get_method
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.methods.eagle import EagleConfig
+from specc.methods.eagle import runtime as eagle_runtime
 from specc.methods.eagle.config import default_layers
 from specc.methods.eagle.runtime import build_runtime
 from specc.methods.eagle.train import head_parameters, train_head
@@ -179,6 +180,26 @@ def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
     reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
                                                   MAX_NEW_TOKENS)[-1]
     assert engine.drafter.head_len > reused
+
+
+def test_a_catch_up_padded_to_a_row_multiple_computes_what_an_unpadded_one_does(engines, one_thread, monkeypatch):
+    """A catch-up over 13 positions runs as 16 rows, the root's repeated (`catch_up_rows`): the
+    root's logits and hidden state and the head's K/V at those positions are those of 13 rows."""
+    engine, _ = engines("llama")
+    drafter = engine.drafter
+    prompt = [(7 * i + 3) % 90 + 4 for i in range(13)]
+    engine.generate_ids(prompt, 2)   # the target's features at the prompt's positions
+    assert eagle_runtime.catch_up_rows(13) == 16 and eagle_runtime.catch_up_rows(3) == 3
+
+    def catch_up(rows_for):
+        monkeypatch.setattr(eagle_runtime, "catch_up_rows", rows_for)
+        drafter.head_len = 0
+        logits, hidden = drafter._catch_up(prompt, len(prompt) - 1)
+        return [logits, hidden, *(cache[:, :, :len(prompt)].clone() for cache in drafter.head.cache.tensors)]
+
+    padded, plain = catch_up(eagle_runtime.catch_up_rows), catch_up(lambda count: count)
+    for padded_tensor, plain_tensor in zip(padded, plain):
+        torch.testing.assert_close(padded_tensor, plain_tensor)
 
 
 def test_lookup_setting_builds_a_composed_engine(checkpoints, tmp_path, one_thread):
