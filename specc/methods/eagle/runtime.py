@@ -194,9 +194,9 @@ class EagleDrafter:
 
 
 # Catch-ups of more rows than a decode-sized call are padded to a multiple of this many rows.
-# Such calls run kernels (oneDNN's, on the CPU) that are set up once per row count and process:
-# the first head call at a new row count took about 5 ms more than the next ones (1-1.5 ms for
-# 5-16 rows), and a catch-up's row count is how many tokens lookup copied since the head last ran.
+# Such calls run kernels (oneDNN's, on the CPU) that are set up once per row count and process,
+# at several times the cost of a call, and a catch-up's row count is how many tokens lookup
+# copied since the head last ran. Measurements: benchmarks/NOTES.md, "eagle on SmolLM2".
 CATCH_UP_ROW_MULTIPLE = 8
 DECODE_SIZED_ROWS = 4
 
