@@ -160,13 +160,19 @@ print(json.dumps({"device": engine.device.type, "tokens": tokens, "replays": sum
 """
 
 
-def _decode_in_own_process(path: Path, prompts, device: str = DEVICE) -> dict:
-    import json
+def _in_own_process(script: str, *args: str, timeout: float):
+    """`script` run by this Python with `args`, in a process of its own (a crash there is its return code)."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _DECODE_ELSEWHERE, str(path), device,
-                           str(NEW_TOKENS), json.dumps(prompts)], capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", script, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _decode_in_own_process(path: Path, prompts, device: str = DEVICE) -> dict:
+    import json
+
+    done = _in_own_process(_DECODE_ELSEWHERE, str(path), device, str(NEW_TOKENS), json.dumps(prompts), timeout=900)
     if done.returncode != 0:
         pytest.fail(f"loading or decoding {path.name} ended with rc {done.returncode}:\n{done.stderr[-4000:]}"
                     f"{_aoti_probes(path, device)}")
@@ -205,13 +211,11 @@ AOTI_PROBES = ("load", "load, single-threaded", "decode, default loader")
 def _aoti_probes(path: Path, device: str) -> str:
     """What each of `AOTI_PROBES` did on the engine at `path`, for a failure message."""
     import subprocess
-    import sys
 
     lines = ["\n\nAOTI probes, each in its own process:"]
     for probe in AOTI_PROBES:
         try:
-            done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _AOTI_PROBE, str(path), device, probe],
-                                  capture_output=True, text=True, timeout=600)
+            done = _in_own_process(_AOTI_PROBE, str(path), device, probe, timeout=600)
             lines.append(f"- {probe}: rc {done.returncode}; stdout {done.stdout.strip()[-300:]!r}; "
                          f"stderr tail {done.stderr.strip()[-1500:]!r}")
         except subprocess.TimeoutExpired:

@@ -110,7 +110,7 @@ def test_kangaroo_teacher_packed_matches_each_window_alone(family, one_thread):
     context = program_context("kangaroo", family)
     graphs = context.program.graphs
     teacher = window_teacher(graphs["shallow"].module, graphs["deep"].module, graphs["shallow"].architecture,
-                       torch.float32, 8, None)
+                             torch.float32, 8, None)
     assert_same_per_window(teacher, windows())
 
 
