@@ -64,6 +64,7 @@ from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, 
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
 from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
+from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads
 
 
@@ -152,7 +153,7 @@ def _package(target: LoweringTarget, path: Path, rows: int) -> str:
     example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2, device=target.device)
     dynamic = dynamic_dims(target.signature, target.max_seq_len)
     try:
-        with torch.no_grad(), torch_threads(idle_machine_threads()), \
+        with torch.no_grad(), torch_threads(idle_machine_threads()), templates_parsed_once(), \
                 torch._inductor.config.patch(packaging_config(target)):
             exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
                                            strict=False, prefer_deferred_runtime_asserts_over_guards=True)
