@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
@@ -24,7 +26,7 @@ from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
-from specc.console.progress import StageReporter
+from specc.console.progress import StageReporter, ticking
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")
@@ -101,8 +103,9 @@ def compile_engine(request: CompileRequest) -> dict:
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
-        with progress.stage(f"lowering ({request.backend})"):
-            lowering_seconds, lowered = _lower_ahead_of_time(staging, program, backend, request, device)
+        with progress.stage(f"lowering ({request.backend})", own_line=backend.ahead_of_time):
+            lowering_seconds, lowered = _lower_ahead_of_time(staging, program, backend, request, device,
+                                                             progress.enabled)
         kernels = _kernels_by_graph(program)
         report = {
             "method": method.name, "method_config": config.to_json(), "backend": request.backend,
@@ -233,26 +236,40 @@ def _has_tensor(module: torch.nn.Module, name: str) -> bool:
         return False
 
 
-def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend,
-                         request: CompileRequest, device: torch.device) -> tuple[float, dict]:
+def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend, request: CompileRequest,
+                         device: torch.device, show_progress: bool = False) -> tuple[float, dict]:
     """Seconds spent, and per graph: its seconds and the sizes of the files it wrote (built on
-    `device`: packages for CUDA are built with the graphs on the GPU)."""
+    `device`: packages for CUDA are built with the graphs on the GPU). A graph can take minutes
+    (a SmolLM2 AOTInductor package, say), so a bar names the graph being lowered and its clock
+    runs, and a line per graph says what it wrote."""
     if not backend.ahead_of_time:
         return 0.0, {}
     start = time.perf_counter()
     (staging / "compiled").mkdir()
     dtype = getattr(torch, request.dtype)
     lowered = {}
-    for name, graph in program.graphs.items():
-        log.info("lowering %s with %s on %s", name, backend.name, device)
-        target = LoweringTarget(name, move_graph(graph.module, device), read_signature(graph.module),
-                                static_sizes(graph.architecture, request.max_seq_len), dtype, request.max_seq_len,
-                                device)
-        graph_start = time.perf_counter()
-        files = backend.package(target, staging / "compiled")
-        lowered[name] = {"seconds": round(time.perf_counter() - graph_start, 3),
-                         "files": {f: (staging / "compiled" / f).stat().st_size for f in files or []}}
+    bar = tqdm(total=len(program.graphs), desc=f"{backend.name}: lowering", unit="graph", dynamic_ncols=True,
+               leave=False, disable=not show_progress)
+    with bar, ticking(bar):
+        for name, graph in program.graphs.items():
+            log.info("lowering %s with %s on %s", name, backend.name, device)
+            bar.set_description(f"{backend.name}: lowering graph {name!r}")
+            target = LoweringTarget(name, move_graph(graph.module, device), read_signature(graph.module),
+                                    static_sizes(graph.architecture, request.max_seq_len), dtype,
+                                    request.max_seq_len, device)
+            graph_start = time.perf_counter()
+            files = backend.package(target, staging / "compiled")
+            lowered[name] = {"seconds": round(time.perf_counter() - graph_start, 3),
+                             "files": {f: (staging / "compiled" / f).stat().st_size for f in files or []}}
+            if show_progress:
+                bar.write(_lowered_line(name, lowered[name]), file=sys.stderr)
+            bar.update()
     return time.perf_counter() - start, lowered
+
+
+def _lowered_line(name: str, lowered: dict) -> str:
+    files = ", ".join(f"{file} ({size / 1e6:.1f} MB)" for file, size in lowered["files"].items())
+    return f"    graph {name!r}: {files or 'no files'} in {lowered['seconds']:.1f}s"
 
 
 def _kernels_by_graph(program: SpeculativeProgram) -> dict[str, list[str]]:

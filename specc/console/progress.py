@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -35,3 +36,25 @@ class StageReporter:
         if self.enabled:
             print(f"  {description}: {elapsed:.1f}s" if own_line else f" {elapsed:.1f}s", file=sys.stderr,
                   flush=True)
+
+
+@contextmanager
+def ticking(bar, every_seconds: float = 1.0):
+    """Redraw `bar` every `every_seconds` while the block runs, so its elapsed time moves
+    during one long step (tqdm redraws only when the bar advances)."""
+    if getattr(bar, "disable", False):
+        yield bar
+        return
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(every_seconds):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="specc-progress-ticker", daemon=True)
+    ticker.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        ticker.join()

@@ -54,6 +54,7 @@ a larger threshold gained nothing more.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -154,7 +155,9 @@ def _package(target: LoweringTarget, path: Path, rows: int) -> str:
     dynamic = dynamic_dims(target.signature, target.max_seq_len)
     try:
         with torch.no_grad(), torch_threads(idle_machine_threads()), templates_parsed_once(), \
-                torch._inductor.config.patch(packaging_config(target)):
+                torch._inductor.config.patch(packaging_config(target)), warnings.catch_warnings():
+            # Inductor's own use of a deprecated torch API, which nobody compiling an engine can act on.
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
             exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
                                            strict=False, prefer_deferred_runtime_asserts_over_guards=True)
             torch._inductor.aoti_compile_and_package(exported, package_path=str(path))

@@ -192,3 +192,13 @@ def test_inspect_shows_where_a_long_training_curve_began_and_ended():
     assert text == ("{'training': {'heldout': [{'step': 0, 'acceptance': 0.0}, {'step': 50, 'acceptance': 0.01}, "
                     "… (61 items), {'step': 3000, 'acceptance': 0.6}]}}")
     assert state_value([{"a": 1}, {"a": 2}]) == "[{'a': 1}, {'a': 2}]"
+
+
+def test_compile_says_what_each_ahead_of_time_graph_wrote(workspace, tmp_path, capsys):
+    _, checkpoint = workspace
+    code, _, err = run_cli(capsys, "compile", str(checkpoint), "--method", "none", "--backend", "onnx",
+                           "-o", str(tmp_path / "engine"), "--max-seq-len", "48")
+    assert code == 0, err
+    written = (tmp_path / "engine" / "compiled" / "target.onnx").stat().st_size
+    assert f"graph 'target': target.onnx ({written / 1e6:.1f} MB) in " in err
+    assert "lowering (onnx) ...\n" in err and "lowering (onnx): " in err
