@@ -23,3 +23,30 @@ def triton_kernels():
     if not triton_installed():
         pytest.skip("triton is not installed: pip install 'specc[kernels]' to run the kernels in its interpreter")
     return triton_kernel_module
+
+
+@pytest.fixture
+def row_independent_dot(monkeypatch):
+    """The interpreter's `tl.dot` computed one row of `a` at a time.
+
+    The interpreter runs `tl.dot` as one numpy matmul, and numpy's BLAS may sum a row
+    differently by where the row sits in the block: OpenBLAS's AVX2 kernels do (seen on a
+    CPU it runs them on), its AVX-512 ones did not. A GPU's matrix instructions compute
+    each output element alike wherever its row is. Row by row, each row's sums run the
+    same way wherever it sits, so a bitwise row-invariance test checks the kernel's own
+    reduction order (tiles, splits, masks), not the BLAS of the machine it runs on."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        rows = [original(self, _rows(a, i), b, _rows(d, i), input_precision, max_num_imprecise_acc)
+                for i in range(a.data.shape[-2])]
+        return interpreter.TensorHandle(np.concatenate([row.data for row in rows], axis=-2), rows[0].dtype)
+
+    def _rows(handle, i):
+        return interpreter.TensorHandle(handle.data[..., i:i + 1, :], handle.dtype)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)

@@ -153,7 +153,7 @@ def random_tree_mask(prefix_len: int, nodes: int, generator: torch.Generator) ->
 
 
 @pytest.mark.parametrize(("dtype", "split_kv"), [(torch.bfloat16, None), (torch.float32, 32)])   # 2 and 4 splits
-def test_rows_are_bitwise_the_same_whatever_the_number_of_rows(triton_kernels, dtype, split_kv):
+def test_rows_are_bitwise_the_same_whatever_the_number_of_rows(triton_kernels, row_independent_dot, dtype, split_kv):
     """Row i of an n-row call (kv_len = prefix + n) is bitwise row i called alone (kv_len =
     prefix + i + 1, its own mask row, as the decode step after its ancestors), for n up to 64:
     the reduction order over keys never depends on the rows or the tree."""
