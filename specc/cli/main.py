@@ -282,9 +282,8 @@ def _add_export(verbs):
     from specc.export import FORMATS
 
     formats = "; ".join(f"{f.name}: {f.help}" for f in FORMATS.values())
-    p = _verb(verbs, "export", "write an engine's trained drafter in another runtime's checkpoint layout",
-              "  specc export engines/smollm2 --format eagle3 -o drafts/eagle3\n"
-              "  vllm serve MODEL --speculative-config '{\"method\": \"eagle3\", \"model\": \"drafts/eagle3\"}'\n",
+    examples = "".join(f"  {line}\n" for f in FORMATS.values() for line in f.examples.splitlines())
+    p = _verb(verbs, "export", "write an engine's trained drafter in another runtime's checkpoint layout", examples,
               description=f"Write the trained drafter of an engine as a checkpoint another runtime loads. {formats}.")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--format", required=True, choices=list(FORMATS), help="checkpoint layout to write")

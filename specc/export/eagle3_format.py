@@ -97,4 +97,6 @@ EAGLE3 = ExportFormat(
     "eagle3",
     "an `eagle` engine's head as the EAGLE-3 draft (config.json, model.safetensors) that vLLM's and SGLang's "
     "LlamaForCausalLMEagle3 read; the layout was checked against their loader source, not run (docs/export.md)",
-    read_eagle3, write_eagle3)
+    read_eagle3, write_eagle3,
+    examples="specc export engines/smollm2 --format eagle3 -o drafts/eagle3\n"
+             "vllm serve MODEL --speculative-config '{\"method\": \"eagle3\", \"model\": \"drafts/eagle3\"}'\n")

@@ -37,3 +37,4 @@ class ExportFormat:
     read: Callable[[ExportRequest, EngineFiles], Any]
     # Fills `staging` (an empty directory renamed over the output once whole) from what `read` returned.
     write: Callable[[ExportRequest, Any, Path], ExportReport]
+    examples: str = ""   # command lines showing the format in use (`specc export --help`), one per line
