@@ -151,8 +151,21 @@ def first_difference(got: list[list[int]], want: list[list[int]]) -> str:
     return ""
 
 
-def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: dict) -> CellResult:
-    """Compile, decode and compare one cell; a refusal or a crash is a result, not an exception."""
+def cell_engine(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, engines: dict | None = None):
+    """The cell's loaded engine (raises `UsageError` when refused); compiled once when
+    `engines` keeps them, so later checks on the same cell reuse it."""
+    if engines is not None and cell in engines:
+        return engines[cell]
+    engine = compile_cell(cell, checkpoints, workdir / cell.label)
+    if engines is not None:
+        engines[cell] = engine
+    return engine
+
+
+def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: dict,
+             engines: dict | None = None) -> CellResult:
+    """Compile, decode and compare one cell; a refusal or a crash is a result, not an exception.
+    `engines`, when given, keeps the loaded engine by cell (see `cell_engine`)."""
     start = time.perf_counter()
 
     def result(status: str, detail: str = "", drafted: int = 0, accepted: int = 0) -> CellResult:
@@ -160,7 +173,7 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
 
     try:
         want = reference(cell, checkpoints, workdir, cache)
-        engine = compile_cell(cell, checkpoints, workdir / cell.label)
+        engine = cell_engine(cell, checkpoints, workdir, engines)
     except UsageError as refusal:
         return result("refused", str(refusal))
     except Exception as error:   # a late crash is a failed cell, reported with its type

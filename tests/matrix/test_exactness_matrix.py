@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from specc.testing.exactness_matrix import BACKENDS, METHODS, Cell, QuirkyCheckpoints, run_cell
+from specc.runtime.sampling import SamplingConfig
+from specc.testing.exactness_matrix import (BACKENDS, MAX_NEW_TOKENS, METHODS, Cell, QuirkyCheckpoints, cell_engine,
+                                            prompts, run_cell)
 from specc.testing.checkpoints import FAMILIES
 
 # Each method's second family: together they cover every family's quirks.
@@ -28,11 +30,21 @@ REFUSALS = {
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory, prompt_lookup_method):
-    checkpoints = QuirkyCheckpoints(tmp_path_factory.mktemp("quirky"))
-    workdir = tmp_path_factory.mktemp("cells")
-    cache: dict = {}
-    return lambda cell: run_cell(cell, checkpoints, workdir, cache)
+def built(tmp_path_factory, prompt_lookup_method):
+    """(checkpoints, workdir, reference cache, engines by cell), shared by the module's tests."""
+    return QuirkyCheckpoints(tmp_path_factory.mktemp("quirky")), tmp_path_factory.mktemp("cells"), {}, {}
+
+
+@pytest.fixture(scope="module")
+def matrix(built):
+    checkpoints, workdir, cache, engines = built
+    return lambda cell: run_cell(cell, checkpoints, workdir, cache, engines)
+
+
+@pytest.fixture(scope="module")
+def engine_of(built):
+    checkpoints, workdir, _, engines = built
+    return lambda cell: cell_engine(cell, checkpoints, workdir, engines)
 
 
 def assert_exact(result) -> None:
@@ -70,6 +82,24 @@ def test_fast_cell(matrix, cell):
 @pytest.mark.parametrize("cell", slow_cells(), ids=lambda c: c.label)
 def test_slow_cell(matrix, cell):
     assert_exact(matrix(cell))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_of, method):
+    """Same seed and prompt, same tokens and drafts, whatever the engine ran before: a chat
+    turn reusing the cache of a greedy turn samples what a fresh engine samples."""
+    engine = engine_of(Cell(method, "mistral", "eager"))
+    sampling = SamplingConfig(temperature=0.8, seed=7)
+    for first in prompts()[:3]:
+        reply = engine.generate_ids(first, MAX_NEW_TOKENS, reuse_prefix=True).token_ids
+        turn = first + reply + first[:3]
+        reusing = engine.generate_ids(turn, MAX_NEW_TOKENS, sampling, reuse_prefix=True)
+        fresh = engine.generate_ids(turn, MAX_NEW_TOKENS, sampling)
+        assert reusing.stats.reused_prompt_tokens == (len(first) + len(reply) - 1 if engine.reuses_prefixes else 0)
+        assert fresh.stats.reused_prompt_tokens == 0
+        assert reusing.token_ids == fresh.token_ids, f"{method}: prompt {turn}"
+        assert (reusing.stats.drafted_tokens, reusing.stats.target_forward_passes) == \
+            (fresh.stats.drafted_tokens, fresh.stats.target_forward_passes), f"{method}: the same rounds"
 
 
 def test_a_checkpoint_mixing_full_and_sliding_layers_is_refused_at_capture():

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import socket
 import urllib.error
 import urllib.request
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,14 +16,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from specc.cli.main import main  # noqa: E402
+from tests.serve.servers import get_json, running_server  # noqa: E402
 from specc.testing.checkpoints import build_tiny_checkpoint, tiny_chat_tokenizer  # noqa: E402
 
 MODEL = "tiny"
-
-
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
 
 
 def _post(url: str, body: str) -> tuple[int, dict]:
@@ -63,12 +55,6 @@ class Stream:
         self.connection.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from safetensors.torch import load_file, save_file
@@ -86,30 +72,8 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specc.cli.main", "serve", str(engine), "--port", str(port), "--model-name", MODEL,
-         "--max-queue", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"server exited: {process.stderr.read()}")
-        try:
-            if _get(f"{url}/health")["status"] == "ok":
-                break
-        except (OSError, ValueError):
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail("server did not come up")
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with running_server(engine, "--model-name", MODEL, "--max-queue", "1") as url:
+        yield url
 
 
 @pytest.fixture()
@@ -119,7 +83,7 @@ def client(server):
 
 def _wait_idle(server: str) -> dict:
     for _ in range(200):
-        health = _get(f"{server}/health")
+        health = get_json(f"{server}/health")
         if not health["running"] and health["queued"] == 0:
             return health
         time.sleep(0.05)
@@ -138,7 +102,7 @@ def _cli_text(engine, prompt: str, n: int, *extra) -> dict:
 
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
-    assert _get(f"{server}/health")["status"] == "ok"
+    assert get_json(f"{server}/health")["status"] == "ok"
 
 
 def test_completion_matches_specc_run_and_streams_the_same_text(client, engine):
@@ -226,7 +190,7 @@ def test_a_full_queue_gets_503_and_requests_run_in_order(client, server):
     waiting = threading.Thread(target=queued)
     waiting.start()
     for _ in range(200):                 # until the second request is waiting in the queue
-        if _get(f"{server}/health")["queued"] == 1:
+        if get_json(f"{server}/health")["queued"] == 1:
             break
         time.sleep(0.005)
     with pytest.raises(openai.InternalServerError) as error:

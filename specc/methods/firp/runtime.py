@@ -156,7 +156,9 @@ class PseudoStateDrafter:
         self._pending: torch.Tensor | None = None   # [k - shift, vocab]: logits for depth 1, 2, …
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        self._keep(prefill, [prompt.numel() - 1])
+        # The anchor is the prefill's last row, numbered within the rows it computed:
+        # after a reused prefix those are the prompt's last rows only.
+        self._keep(prefill, [prefill.logits.shape[0] - 1])
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self._keep(verification, [0] if draft is None else acceptance.path)
