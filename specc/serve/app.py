@@ -175,13 +175,20 @@ class SpeccServer:
             raise BadRequest(str(exc), "messages") from None
 
     def budget(self, prompt_ids: list[int], requested: int | None, default: int | None) -> int:
-        room = self.engine.max_seq_len - len(prompt_ids)
-        if requested is None:
-            requested = min(default, room) if default is not None else min(room, CHAT_MAX_TOKENS_CAP)
-        if room < 1 or len(prompt_ids) + requested > self.engine.max_seq_len:
-            raise BadRequest(f"the prompt ({len(prompt_ids)} tokens) + max_tokens {requested} exceeds the "
-                             f"model's context length {self.engine.max_seq_len}", "max_tokens")
-        return requested
+        """New tokens for the request: `requested` (the client's max_tokens) when it fits, else
+        `default` (None: up to the context, at most CHAT_MAX_TOKENS_CAP) cut to what fits."""
+        context, length = self.engine.max_seq_len, len(prompt_ids)
+        room = context - length
+        if requested is not None and requested > room:
+            fits = f"at most {room} new tokens fit" if room > 0 else "the prompt alone fills it"
+            raise BadRequest(f"the prompt ({length} tokens) + max_tokens {requested} exceeds the model's context "
+                             f"length {context}: {fits}", "max_tokens")
+        if requested is None and room < 1:
+            raise BadRequest(f"the prompt ({length} tokens) leaves no room for a reply in the model's context "
+                             f"length {context} (up to {context - 1} prompt tokens fit); shorten it", "max_tokens")
+        if requested is not None:
+            return requested
+        return min(default if default is not None else CHAT_MAX_TOKENS_CAP, room)
 
     # --- generation ----------------------------------------------------------
 

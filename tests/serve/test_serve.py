@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import urllib.error
 import urllib.request
 import threading
@@ -200,3 +201,35 @@ def test_a_full_queue_gets_503_and_requests_run_in_order(client, server):
     running.close()
     waiting.join(timeout=60)
     assert finished and finished[0].choices[0].text
+
+
+@pytest.mark.parametrize("length,requested,default,message", [
+    (1476, None, None, "the prompt (1476 tokens) leaves no room for a reply in the model's context length 256"),
+    (256, None, 16, "the prompt (256 tokens) leaves no room for a reply in the model's context length 256"),
+    (250, 10, 16, "the prompt (250 tokens) + max_tokens 10 exceeds the model's context length 256: at most 6 new"),
+    (300, 10, None, "max_tokens 10 exceeds the model's context length 256: the prompt alone fills it"),
+])
+def test_a_request_that_does_not_fit_is_refused_naming_only_what_the_client_sent(length, requested, default,
+                                                                                  message):
+    from types import SimpleNamespace
+
+    from specc.serve.app import BadRequest, SpeccServer
+
+    server = SpeccServer.__new__(SpeccServer)
+    server.engine = SimpleNamespace(max_seq_len=256)
+    with pytest.raises(BadRequest, match=re.escape(message)) as refused:
+        server.budget([1] * length, requested, default)
+    assert refused.value.param == "max_tokens" and not re.search(r"-\d", str(refused.value))
+
+
+def test_a_request_without_max_tokens_gets_what_fits():
+    from types import SimpleNamespace
+
+    from specc.serve.app import CHAT_MAX_TOKENS_CAP, SpeccServer
+
+    server = SpeccServer.__new__(SpeccServer)
+    server.engine = SimpleNamespace(max_seq_len=4096)
+    assert server.budget([1] * 4000, None, None) == 96
+    assert server.budget([1] * 10, None, None) == CHAT_MAX_TOKENS_CAP
+    assert server.budget([1] * 4090, None, 16) == 6
+    assert server.budget([1] * 10, 7, 16) == 7
