@@ -130,7 +130,10 @@ def chat(args, stdin=None) -> int:
                          f"use `specc run {args.engine} --prompt TEXT` for plain continuation")
     interactive = stdin.isatty()
     system = [{"role": "system", "content": args.system}] if args.system else []
+    smallest_turn = conversation_ids(engine.tokenizer, system + [{"role": "user", "content": "?"}])
+    budget = reply_budget(args.max_new_tokens, engine.max_seq_len, len(smallest_turn))
     history: list[dict] = []
+    refused = 0
     if interactive:
         print(f"chatting with {args.engine} ({engine.method.name}); /reset starts over, /exit or Ctrl-D leaves",
               file=sys.stderr)
@@ -143,7 +146,7 @@ def chat(args, stdin=None) -> int:
             print(file=sys.stderr)
             return 0
         if not interactive and line == "":
-            return 0
+            return 1 if refused else 0
         message = line.rstrip("\n")
         if message.strip() in ("/exit", "/quit"):
             return 0
@@ -155,20 +158,44 @@ def chat(args, stdin=None) -> int:
             continue
         turn = history + [{"role": "user", "content": message}]
         ids = conversation_ids(engine.tokenizer, system + turn)
-        while len(ids) + args.max_new_tokens > engine.max_seq_len and len(turn) > 1:
+        while len(ids) + budget > engine.max_seq_len and len(turn) > 1:
             turn = turn[2:]          # drop the oldest user/assistant exchange
             ids = conversation_ids(engine.tokenizer, system + turn)
-        if len(ids) + args.max_new_tokens > engine.max_seq_len:
-            print(f"specc: this message ({len(ids)} tokens with the template) + --max-new-tokens "
-                  f"{args.max_new_tokens} exceeds the engine's max sequence length {engine.max_seq_len}; "
-                  f"send a shorter one", file=sys.stderr)
+        if len(ids) + budget > engine.max_seq_len:
+            print(f"specc: this message ({len(ids)} tokens with the template) + {budget} reply tokens exceeds "
+                  f"the engine's max sequence length {engine.max_seq_len}: at most "
+                  f"{engine.max_seq_len - budget} message tokens fit; send a shorter one", file=sys.stderr)
+            refused += 1
             continue
         stream = not args.no_stream
         try:
-            result = generate_text(engine, ids, args.max_new_tokens, sampling, _stops(args),
+            result = generate_text(engine, ids, budget, sampling, _stops(args),
                                    on_text=_write if stream else None, reuse_prefix=not args.no_prefix_reuse)
         except KeyboardInterrupt:
             print("\n(reply stopped)", file=sys.stderr)
             continue
         print(result.text.strip("\n") if not stream else "", flush=True)
         history = turn + [{"role": "assistant", "content": result.text}]
+
+
+CHAT_REPLY_TOKENS = 256   # `specc chat`'s reply budget when the engine has room for it
+
+
+def reply_budget(requested: int | None, max_seq_len: int, smallest_turn: int) -> int:
+    """Tokens per chat reply: `requested` (--max-new-tokens), or CHAT_REPLY_TOKENS cut to half
+    the room a one-character message leaves (`smallest_turn` tokens with the template), so
+    that messages fit too. Raises `UsageError` when no message could get a reply."""
+    room = max_seq_len - smallest_turn
+    if room < 1:
+        raise UsageError(f"the engine's max sequence length {max_seq_len} leaves no room to chat: the chat template "
+                         f"around a one-character message already takes {smallest_turn} tokens; recompile with a "
+                         f"larger --max-seq-len")
+    if requested is None:
+        return max(1, min(CHAT_REPLY_TOKENS, room // 2))
+    if requested < 1:
+        raise UsageError(f"--max-new-tokens {requested} must be at least 1")
+    if requested > room:
+        raise UsageError(f"--max-new-tokens {requested} leaves no room for a message in the engine's max sequence "
+                         f"length {max_seq_len} (the template around a one-character message takes "
+                         f"{smallest_turn} tokens): pass at most {room}, or leave it out to fit the engine")
+    return requested

@@ -93,9 +93,9 @@ def _device_option(p, what: str) -> None:
                    help=f"where {what}: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N")
 
 
-def _sampling_options(p, max_new_tokens: int = 64) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
-                   help="most tokens generated (per prompt / per reply)")
+def _sampling_options(p, max_new_tokens: int | None = 64,
+                      max_new_tokens_help: str = "most tokens generated (per prompt)") -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N", help=max_new_tokens_help)
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 decodes greedily (token-identical to HF greedy for lossless "
                         "methods)")
@@ -142,7 +142,9 @@ def _add_chat(verbs):
               "Ctrl-C stops a reply.\n")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--system", default=None, metavar="TEXT", help="a system message opening the conversation")
-    _sampling_options(p, max_new_tokens=256)
+    _sampling_options(p, max_new_tokens=None,
+                      max_new_tokens_help="most tokens per reply (default: 256, or half the room the engine's "
+                                          "max sequence length leaves after the template, if less)")
     p.add_argument("--no-stream", action="store_true", help="print each reply once it is complete")
     _prefix_reuse_option(p, "turn")
     return p

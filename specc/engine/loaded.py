@@ -28,6 +28,8 @@ from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
 
+UNLIMITED_TOKENIZER_LENGTH = int(1e30)   # transformers' own 'no limit' (VERY_LARGE_INTEGER)
+
 
 def _tensor_kind_of_the_warm_up(backend: Backend):
     """Where the runtime's KV caches and method buffers are made. A lazily compiling backend's
@@ -100,6 +102,10 @@ class LoadedEngine:
     def tokenizer(self):
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.path / "tokenizer")
+            # The engine checks every prompt against its own max_seq_len and says so in specc's
+            # words; the checkpoint's limit (often 512 on small models) would only add transformers'
+            # raw "Token indices sequence length ... (549 > 512)" warning beside that message.
+            self._tokenizer.model_max_length = UNLIMITED_TOKENIZER_LENGTH
         return self._tokenizer
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int,

@@ -21,7 +21,9 @@ from specc.testing.checkpoints import build_tiny_checkpoint, tiny_chat_tokenizer
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("everyday")
     checkpoint = build_tiny_checkpoint("llama", root / "model")
-    tiny_chat_tokenizer().save_pretrained(checkpoint)
+    tokenizer = tiny_chat_tokenizer()
+    tokenizer.model_max_length = 48     # a checkpoint limit below the engine's, as small models' 512 often is
+    tokenizer.save_pretrained(checkpoint)
     assert main(["compile", str(checkpoint), "--method", "none", "-o", str(root / "engine"),
                  "--max-seq-len", "64"]) == 0
     return root, checkpoint, root / "engine"
@@ -238,6 +240,7 @@ def test_chat_repl_keeps_the_conversation(workspace, monkeypatch, capsys):
     assert generation.chat(args, stdin=io.StringIO("w5 w6\n/reset\nw7\nw8\n")) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.strip()]) == 3
+    assert [m["content"] for m in seen.pop(0)] == ["?"], "the reply budget measures the template first"
     assert [m["content"] for m in seen[0]] == ["w5 w6"]
     assert [m["content"] for m in seen[1]] == ["w7"], "/reset starts a new conversation"
     assert [m["role"] for m in seen[2]] == ["user", "assistant", "user"] and seen[2][0]["content"] == "w7"
@@ -262,3 +265,62 @@ def test_a_chat_turn_prefills_only_what_the_last_turn_did_not_leave_cached(works
     args = build_parser().parse_args(["chat", str(engine), "--max-new-tokens", "4", "--no-stream", *flag])
     assert generation.chat(args, stdin=io.StringIO("w5 w6\nw7\n")) == 0
     assert reused[0] == 0 and (reused[1] > 0) == reuses
+
+
+def test_chat_on_a_short_engine_replies_within_what_fits(workspace, capsys):
+    """The engine holds 64 tokens: the default reply budget (256) is cut to fit, so messages get replies."""
+    from specc.cli import generation
+
+    _, _, engine = workspace
+    args = build_parser().parse_args(["chat", str(engine), "--no-stream"])
+    assert generation.chat(args, stdin=io.StringIO("w5 w6\nw7\n")) == 0
+    out, err = capsys.readouterr()
+    assert len([line for line in out.splitlines() if line.strip()]) == 2, err
+    assert "exceeds" not in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "100"], "--max-new-tokens 100 leaves no room for a message in the engine's max sequence "
+                                  "length 64"),
+    (["--system", " ".join(["w9"] * 80)], "the engine's max sequence length 64 leaves no room to chat"),
+])
+def test_chat_that_cannot_fit_any_message_is_refused_at_start(workspace, capsys, flags, message):
+    _, _, engine = workspace
+    code, out, err = run_cli(capsys, "chat", engine, *flags)
+    assert code == 2 and message in err and not out
+
+
+def test_a_refused_chat_message_says_what_fits_and_fails_a_piped_chat(workspace):
+    """Too long a message gets specc's message, the next one its reply, and piped input exits 1."""
+    _, _, engine = workspace
+    done = subprocess.run([sys.executable, "-m", "specc.cli.main", "chat", str(engine), "--max-new-tokens", "8"],
+                          input=" ".join(["w5"] * 70) + "\nw6\n", capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stderr
+    assert "+ 8 reply tokens exceeds the engine's max sequence length 64: at most 56 message tokens fit" in done.stderr
+    assert len([line for line in done.stdout.splitlines() if line.strip()]) == 1, "the next message got its reply"
+
+
+def test_the_engine_tokenizer_leaves_length_checks_to_the_engine(workspace):
+    """A prompt longer than the checkpoint's tokenizer limit (48 here, 512 on many small models) logs no
+    transformers warning ("Token indices sequence length ... (73 > 48)") beside specc's own check,
+    whatever the logging level (the Python API does not quiet libraries as the CLI does)."""
+    from specc.data.chat import conversation_ids
+    from specc.engine.loaded import load_engine
+
+    _, _, engine_dir = workspace
+    engine = load_engine(engine_dir)
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.addHandler(handler)
+    library.setLevel(logging.WARNING)
+    try:
+        assert len(conversation_ids(engine.tokenizer, [{"role": "user", "content": " ".join(["w5"] * 70)}])) > 48
+        assert len(engine.encode(" ".join(["w6"] * 60))) > 48
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(level)
+    assert not [m for m in logged if "sequence length" in m], logged
