@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+from specc.console.progress import progress_bar
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
@@ -248,7 +248,7 @@ def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend, re
     (staging / "compiled").mkdir()
     dtype = getattr(torch, request.dtype)
     lowered = {}
-    bar = tqdm(total=len(program.graphs), desc=f"{backend.name}: lowering", unit="graph", dynamic_ncols=True,
+    bar = progress_bar(total=len(program.graphs), desc=f"{backend.name}: lowering", unit="graph",
                leave=False, disable=not show_progress)
     with bar, ticking(bar):
         for name, graph in program.graphs.items():

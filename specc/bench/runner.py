@@ -43,11 +43,11 @@ def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: in
                     show_progress: bool = True, between_repeats=None) -> list[Run]:
     """Every system on every prompt, `repeats` times; `between_repeats()`, if given, runs before each
     repeat and after the last (the bandwidth samples), outside every timed run."""
-    from tqdm import tqdm
+    from specc.console.progress import progress_bar
 
     total = len(systems) * (1 + repeats * len(prompts))
     runs: list[Run] = []
-    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not show_progress,
+    with progress_bar(total=total, desc="bench", unit="run", file=sys.stderr, disable=not show_progress,
               leave=False) as progress:
         for system in systems:
             progress.set_postfix_str(f"warm-up {system.name}")

@@ -1,4 +1,5 @@
-"""Report the stages of long work (compile) on stderr, with their times."""
+"""Report long work on stderr: the stages of a compile with their times, and progress bars
+that redraw as tqdm does in a terminal but only now and then into a log."""
 
 from __future__ import annotations
 
@@ -38,13 +39,42 @@ class StageReporter:
                   flush=True)
 
 
+LOG_REDRAW_SECONDS = 30.0   # the most often a bar redraws into a log: a 20-minute compile writes ~40 redraws
+TERMINAL_TICK_SECONDS = 1.0
+
+
+def writes_to_terminal(file) -> bool:
+    isatty = getattr(file, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:   # a closed stream
+        return False
+
+
+def progress_bar(iterable=None, **options):
+    """A tqdm bar on stderr (or `file=`). Into a terminal it redraws as tqdm does; when the stream is
+    not a terminal (a log file, CI) it redraws at most every LOG_REDRAW_SECONDS, as tqdm's own
+    advice for logs goes, instead of ten times a second."""
+    from tqdm import tqdm
+
+    options.setdefault("file", sys.stderr)
+    options.setdefault("dynamic_ncols", True)
+    if not writes_to_terminal(options["file"]):
+        options.setdefault("mininterval", LOG_REDRAW_SECONDS)
+    return tqdm(iterable, **options)
+
+
 @contextmanager
-def ticking(bar, every_seconds: float = 1.0):
-    """Redraw `bar` every `every_seconds` while the block runs, so its elapsed time moves
-    during one long step (tqdm redraws only when the bar advances)."""
+def ticking(bar, every_seconds: float | None = None):
+    """Redraw `bar` while the block runs, so its elapsed time moves during one long step (tqdm
+    redraws only when the bar advances): every `every_seconds`, by default every second into a
+    terminal and every LOG_REDRAW_SECONDS into a log."""
     if getattr(bar, "disable", False):
         yield bar
         return
+    if every_seconds is None:
+        terminal = writes_to_terminal(getattr(bar, "fp", None))
+        every_seconds = TERMINAL_TICK_SECONDS if terminal else LOG_REDRAW_SECONDS
     stop = threading.Event()
 
     def tick():

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from specc.console.progress import progress_bar
 from specc.data.corpora import CorpusSelection
 from specc.data.files import write_directory_atomically
 from specc.refmodels.specs import REFERENCE_FILE, TRAINER_VERSION, ReferenceSpec, TrainingPlan
@@ -213,7 +213,7 @@ def _optimize(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(plan))
     generator = torch.Generator().manual_seed(plan.seed)
     losses: list[float] = []
-    bar = tqdm(range(plan.steps), desc=f"training {spec.name}", unit="step", disable=not progress)
+    bar = progress_bar(range(plan.steps), desc=f"training {spec.name}", unit="step", disable=not progress)
     for step in bar:
         windows = _random_windows(stream, plan, generator).to(device)
         with _autocast(device, autocast_dtype):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-from tqdm import tqdm
+from specc.console.progress import progress_bar
 
 from specc.host.threads import LoadFollower
 from specc.train.heap import releasing
@@ -147,7 +147,7 @@ def cache_teacher(teacher: Teacher | PackedTeacher, examples: list[torch.Tensor]
     distinct = list({id(example): example for example in examples}.values())
     cached = {}
     follow_load = LoadFollower()
-    with tqdm(total=len(distinct), desc=description, unit="window", dynamic_ncols=True) as bar:
+    with progress_bar(total=len(distinct), desc=description, unit="window") as bar:
         for group in releasing(window_groups(distinct, packed.tokens_per_call)):
             follow_load()
             with torch.no_grad():
@@ -181,7 +181,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
     report.evaluations.append(evaluate(student, teacher, heldout_examples, 0, heldout_scored))
     losses: list[float] = []
     pending: list[torch.Tensor] = []   # read back a few steps at a time: each read waits for a GPU
-    bar = tqdm(order, desc=description, unit="step", dynamic_ncols=True)
+    bar = progress_bar(order, desc=description, unit="step")
     follow_load = LoadFollower()
     for step, index in enumerate(bar, start=1):
         follow_load()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+from specc.console.progress import progress_bar
 
 from specc.host.device import resolve_device
 from specc.errors import UsageError
@@ -103,7 +103,7 @@ def generate_replies(model, tokenizer, prompts: list[list[int]], max_new_tokens:
     pad = stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     replies: list[list[int]] = [[] for _ in prompts]
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    with tqdm(total=len(prompts), desc="distill-data: target replies", unit="prompt", dynamic_ncols=True) as bar:
+    with progress_bar(total=len(prompts), desc="distill-data: target replies", unit="prompt") as bar:
         for batch in batches:
             for index, reply in zip(batch, _generate_batch(model, [prompts[i] for i in batch], pad, stops,
                                                            max_new_tokens)):

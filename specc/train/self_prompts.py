@@ -14,7 +14,7 @@ conversation, both turns.
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
+from specc.console.progress import progress_bar
 
 from specc.data.prompts import Prompt
 from specc.errors import UsageError
@@ -35,8 +35,7 @@ def self_chat_prompts(model, tokenizer, count: int, seed: int, batch_size: int,
     seen: set[str] = set()
     budget = SAMPLES_PER_PROMPT * count
     with torch.random.fork_rng(devices=_forked_devices(model)), \
-            tqdm(total=count, desc="distill-data: the target's user turns", unit="prompt",
-                 dynamic_ncols=True) as bar:
+            progress_bar(total=count, desc="distill-data: the target's user turns", unit="prompt") as bar:
         torch.manual_seed(seed)
         while len(prompts) < count and budget > 0:
             rows = min(batch_size, budget)

@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 from tqdm import tqdm
 
+from specc.console.progress import progress_bar
 from specc.graph.signature import read_signature
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, TrainResult
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
@@ -83,8 +84,8 @@ def train_projections(context: TrainingContext, config, tokenizer) -> TrainResul
     def build(recipes: dict[str, GraphRecipe]) -> SpeculativeProgram:
         return context.build_graphs(recipes, config)
     teacher = WindowTeacher(teacher_graph(build, target, layers), arch, layers, config.teacher_top_k)
-    train = [teacher(w) for w in releasing(tqdm(windows.train, desc="firp: running the target once per window",
-                                                unit="window", dynamic_ncols=True))]
+    bar = progress_bar(windows.train, desc="firp: running the target once per window", unit="window")
+    train = [teacher(w) for w in releasing(bar)]
     heldout = [teacher(w) for w in releasing(windows.heldout)]
     teacher_seconds = time.perf_counter() - start
     cuts = deep_cuts(build, target, layers)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
+from specc.console.progress import progress_bar
 from specc.contract.descriptor import TrainingContext
 from specc.runtime.speedup_model import tokens_per_round
 from specc.methods.s3d.skip_middle_layers import middle_block, resolve_block
@@ -151,7 +152,7 @@ def select_by_eq12(context: TrainingContext, config, pilot) -> Selection:
     verify_cost = [seconds["target", rows] / one for rows in range(1, gamma_max + 2)]   # index γ: γ + 1 rows
     candidates = []
     for index, (block, module) in enumerate(
-            tqdm(list(zip(blocks, drafts)), desc="s3d: eq. 12 candidates", unit="block", dynamic_ncols=True)):
+            progress_bar(list(zip(blocks, drafts)), desc="s3d: eq. 12 candidates", unit="block")):
         untrained, agreement = pilot(module, gamma_max)
         draft_cost = [seconds[index, rows] / one for rows in range(1, gamma_max + 1)]
         candidates.append(Candidate(block, module, untrained, agreement, draft_cost))

@@ -25,6 +25,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from specc.console.progress import progress_bar
 from specc.contract.descriptor import TrainingContext, TrainResult
 from specc.methods.specee.config import DRAFT_VOCABULARY_KEY, REDUCED_HEAD, SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.layerwise import LayerwiseForward
@@ -169,7 +170,7 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
     """Per-layer samples at every position of `windows`, or only where `scored` (per window,
     bool [T]) marks one: predictors and the threshold then fit the replies, not the prompts."""
     samples = _Samples(layerwise.scored_layers)
-    for index, tokens in enumerate(releasing(tqdm(windows, desc=description, unit="window", dynamic_ncols=True))):
+    for index, tokens in enumerate(releasing(progress_bar(windows, desc=description, unit="window"))):
         keep = slice(None) if scored is None else scored[index]
         with torch.no_grad():
             _, (_, features, final) = teacher(tokens)
@@ -197,7 +198,7 @@ def _collect(layerwise: LayerwiseForward, head, teacher, windows, arch, dtype, k
 def _train_predictors(gm, layers, samples: _Samples, config: SpecEEConfig) -> dict:
     generator = torch.Generator().manual_seed(config.seed)
     report = {}
-    for layer in tqdm(layers, desc="specee: training exit predictors", unit="layer", dynamic_ncols=True):
+    for layer in progress_bar(layers, desc="specee: training exit predictors", unit="layer"):
         predictor = predictor_parameters(gm, layer)
         x, y = samples.features[layer], samples.labels[layer]
         # float32 masters: Adam's small steps vanish in a bfloat16 weight

@@ -25,6 +25,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from specc.console.progress import progress_bar
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes
 from specc.graph.signature import read_signature
@@ -54,7 +55,7 @@ def calibrate(graph: ProgramGraph, config, tokenizer) -> LayerSetSearch:
     budget = min(config.max_tries, COMPILE_TRIES_PER_SUBLAYER * len(search.sublayers), search.space_size,
                  len(prompts) * max(config.max_tries_per_prompt, 1))
     deadline = time.monotonic() + COMPILE_SECONDS
-    bar = tqdm(total=budget, desc="swift skip-set search", unit="try", dynamic_ncols=True, leave=False)
+    bar = progress_bar(total=budget, desc="swift skip-set search", unit="try", leave=False)
 
     def tick():
         bar.n = min(search.state.tries, budget)
