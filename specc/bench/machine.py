@@ -8,6 +8,8 @@ import re
 
 import torch
 
+from specc.host.threads import chosen_threads
+
 # Where the benchmark runs HF models and engines: specc engines run on CPU today.
 DEVICE_USED = "cpu"
 
@@ -18,7 +20,8 @@ def machine_info() -> dict:
         "machine": platform.machine(),
         "processor": _cpu_model() or platform.processor(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": chosen_threads()[0],
+        "torch_threads_reason": chosen_threads()[1],
         "memory_bytes": _total_memory_bytes(),
         "python": platform.python_version(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -15,6 +15,7 @@ def format_report(doc: dict) -> str:
         f"model {model['model_type']} {model['parameters'] / 1e6:.2f}M params ({model['checkpoint']}); "
         f"prompts {settings['prompt_set']} x{settings['num_prompts']}; {settings['max_new_tokens']} new tokens; "
         f"{settings['repeats']} repeat(s) after 1 warm-up per system; greedy, batch 1",
+        *_threads_line(doc["machine"]),
     ]
     labels = {s["name"]: s["label"] for s in doc["systems"]}
     if len(doc["categories"]) > 1:
@@ -30,6 +31,14 @@ def format_report(doc: dict) -> str:
         lines.append(_bound_line(doc["bandwidth_bound"]))
     lines += [f"note: {note}" for note in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _threads_line(machine: dict) -> list[str]:
+    """How many threads torch ran with and why (`specc.host.threads`), when the document says."""
+    if machine.get("torch_threads") is None:
+        return []
+    reason = machine.get("torch_threads_reason")
+    return [f"{machine['torch_threads']} torch thread(s)" + (f": {reason}" if reason else "")]
 
 
 def identity_banner(doc: dict) -> str | None:

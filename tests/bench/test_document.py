@@ -66,7 +66,9 @@ def _document(corrupt_prompt=None, lossless=True, method_state=None, bandwidth_b
                 "backend": "eager", "dtype": dtype, "max_seq_len": 64, "graphs": {"target": {}},
                 **({"method_state": method_state} if method_state else {})}
     return build_document(
-        engine_manifest=manifest, engine_path="/engines/fake", machine={"cpu_count": 2}, versions={"torch": "x"},
+        engine_manifest=manifest, engine_path="/engines/fake",
+        machine={"cpu_count": 2, "torch_threads": 2, "torch_threads_reason": "2 cores, busy now 0.1 (other processes)"},
+        versions={"torch": "x"},
         model_info={"checkpoint": "/ckpt", "model_type": "llama", "parameters": 1000},
         settings={"prompt_set": "test", "num_prompts": 3, "max_new_tokens": 8, "repeats": 3},
         prompts=prompts, systems=systems, runs=runs, memory=memory, notes=["a note"], bandwidth_bound=bandwidth_bound,
@@ -128,7 +130,8 @@ def test_report_and_chart(tmp_path):
     text = format_report(doc)
     for expected in ("== code (2 prompts) ==", "== overall (3 prompts) ==", "HF generate, greedy", "CTAR(1..6)",
                      "predicted, SWIFT eq. 6", "predicted, S3D eq. 12", "measured over specc none",
-                     "memory (", "note: a note", "α by depth 0.67 0.50  CTAR"):
+                     "memory (", "note: a note", "α by depth 0.67 0.50  CTAR",
+                     "2 torch thread(s): 2 cores, busy now 0.1 (other processes)"):
         assert expected in text
     assert "branches" not in text
     chart = tmp_path / "chart.png"

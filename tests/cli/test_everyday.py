@@ -52,20 +52,49 @@ def test_threads_is_accepted_after_the_verb_and_before_it(workspace, capsys):
 def test_thread_policy_honours_the_environment_then_idle_cores(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv("SPECC_THREADS", raising=False)
-    assert threads.default_threads()[0] == 3
+    assert threads.default_threads() == (3, "$OMP_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(threads, "physical_cores", lambda: 2)
     monkeypatch.setattr(threads, "available_cpus", lambda: 2)
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.0, 0.0))
-    assert threads.default_threads()[0] == 2, "idle 2-core machine: both cores"
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
-    assert threads.default_threads()[0] == 1, "one other job: one thread, not an oversubscribed two"
-    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 0.0, 0.0))
-    assert threads.default_threads()[0] == 1
+    for busy, expected, why in [(0.1, 2, "idle 2-core machine: both cores"),
+                                (1.2, 1, "one other job: one thread, not an oversubscribed two"), (7.0, 1, "")]:
+        monkeypatch.setattr(threads, "busy_cpus", lambda: (busy, f"busy now {busy}"))
+        assert threads.default_threads() == (expected, f"2 cores, busy now {busy} (other processes)"), why
     monkeypatch.setattr(threads, "physical_cores", lambda: 64)
     monkeypatch.setattr(threads, "available_cpus", lambda: 64)
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "busy_cpus", lambda: (0.0, "busy now 0.0"))
     assert threads.default_threads()[0] == threads.MAX_DEFAULT_THREADS
+
+
+def test_a_compile_that_just_ended_does_not_cost_the_next_command_a_core(monkeypatch):
+    """Right after `specc compile` the 1-minute load average still says ~2 on an idle 2-core machine;
+    the policy reads what other processes use now (/proc/stat over a short sample) instead."""
+    for name in threads.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    monkeypatch.setattr(threads, "available_cpus", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.2, 0.6))
+    samples = iter([(1000, 5000), (1002, 5040)])       # 2 of 40 jiffies busy: 0.1 CPUs
+    monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
+    assert threads.default_threads() == (2, "2 cores, busy now 0.1 (other processes)")
+    samples = iter([(1000, 5000), (1020, 5040)])       # another job holds one core
+    assert threads.default_threads()[0] == 1
+    monkeypatch.setattr(threads, "_cpu_times", lambda: None)   # no /proc/stat: the load average
+    assert threads.default_threads() == (1, "2 cores, load 1.9 (other processes)")
+
+
+def test_the_threads_chosen_and_why_are_reported(monkeypatch, one_thread):
+    import torch
+
+    monkeypatch.setenv("SPECC_THREADS", "1")
+    threads.apply_threads()
+    assert threads.chosen_threads() == (1, "$SPECC_THREADS")
+    threads.apply_threads(1)
+    assert threads.chosen_threads() == (1, "--threads")
+    torch.set_num_threads(2)
+    assert threads.chosen_threads() == (2, "set outside specc's policy")
+    torch.set_num_threads(1)
 
 
 def test_long_training_follows_the_load_unless_threads_were_chosen(monkeypatch, one_thread):
@@ -78,6 +107,7 @@ def test_long_training_follows_the_load_unless_threads_were_chosen(monkeypatch, 
     monkeypatch.setattr(threads, "physical_cores", lambda: 2)
     monkeypatch.setattr(threads, "available_cpus", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "busy_cpus", lambda: (0.0, "busy now 0.0"))
     threads.apply_threads()
     follow = threads.LoadFollower(interval=0.0)
     assert torch.get_num_threads() == 2
