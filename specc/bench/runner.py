@@ -9,7 +9,6 @@ its warm-up to discard what the warm-up counted.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -43,14 +42,14 @@ def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: in
                     show_progress: bool = True, between_repeats=None) -> list[Run]:
     """Every system on every prompt, `repeats` times; `between_repeats()`, if given, runs before each
     repeat and after the last (the bandwidth samples), outside every timed run."""
-    from specc.console.progress import progress_bar
+    from specc.console.progress import in_terminal, progress_bar
 
     total = len(systems) * (1 + repeats * len(prompts))
     runs: list[Run] = []
-    with progress_bar(total=total, desc="bench", unit="run", file=sys.stderr, disable=not show_progress,
-              leave=False) as progress:
+    with progress_bar(total=total, desc="bench", unit="run", disable=not show_progress, leave=False) as progress:
+        redraw = in_terminal(progress)
         for system in systems:
-            progress.set_postfix_str(f"warm-up {system.name}")
+            progress.set_postfix_str(f"warm-up {system.name}", refresh=redraw)
             system.generate(prompts[0])
             take_method_report(system)   # the warm-up's counts are not a run's
             progress.update()
@@ -59,7 +58,7 @@ def run_interleaved(systems: list[System], prompts: list[list[int]], repeats: in
                 between_repeats()
             for index, prompt_ids in enumerate(prompts):
                 for system in _rotated(systems, repeat + index):
-                    progress.set_postfix_str(f"repeat {repeat + 1}/{repeats} {system.name}")
+                    progress.set_postfix_str(f"repeat {repeat + 1}/{repeats} {system.name}", refresh=redraw)
                     runs.append(timed_run(system, prompt_ids, index, repeat, memory))
                     progress.update()
         if between_repeats is not None:

@@ -64,6 +64,12 @@ def progress_bar(iterable=None, **options):
     return tqdm(iterable, **options)
 
 
+def in_terminal(bar) -> bool:
+    """Whether `bar` draws into a terminal: pass it as a postfix's `refresh=`, since a forced redraw
+    ignores the log interval `progress_bar` sets."""
+    return writes_to_terminal(getattr(bar, "fp", None))
+
+
 @contextmanager
 def ticking(bar, every_seconds: float | None = None):
     """Redraw `bar` while the block runs, so its elapsed time moves during one long step (tqdm
@@ -73,8 +79,7 @@ def ticking(bar, every_seconds: float | None = None):
         yield bar
         return
     if every_seconds is None:
-        terminal = writes_to_terminal(getattr(bar, "fp", None))
-        every_seconds = TERMINAL_TICK_SECONDS if terminal else LOG_REDRAW_SECONDS
+        every_seconds = TERMINAL_TICK_SECONDS if in_terminal(bar) else LOG_REDRAW_SECONDS
     stop = threading.Event()
 
     def tick():

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-from specc.console.progress import progress_bar
+from specc.console.progress import in_terminal, progress_bar
 
 from specc.host.threads import LoadFollower
 from specc.train.heap import releasing
@@ -199,7 +199,7 @@ def distill(student: Student, teacher: Teacher, parameters: list[torch.nn.Parame
             losses += torch.stack(pending).tolist()
             pending.clear()
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
-                            accept=f"{report.final.acceptance:.3f}")
+                            accept=f"{report.final.acceptance:.3f}", refresh=in_terminal(bar))
     bar.close()
     for p in parameters:
         p.requires_grad_(False)

@@ -61,3 +61,15 @@ def test_ticking_into_a_log_waits_the_log_interval():
         time.sleep(TERMINAL_TICK_SECONDS * 1.5)
     assert bar.fp.getvalue().count("\r") > drawn, "a terminal's bar clock moves every second"
     bar.close()
+
+
+def test_the_bench_bar_into_a_log_is_not_redrawn_for_each_run(monkeypatch):
+    from specc.bench.runner import run_interleaved
+    from specc.bench.memory import MemoryProbe
+    from specc.bench.systems import System
+
+    log = io.StringIO()
+    monkeypatch.setattr("sys.stderr", log)
+    systems = [System(name, name, "baseline", lambda ids: ([4], None), 0) for name in ("a", "b")]
+    run_interleaved(systems, [[1]] * 20, repeats=2, memory=MemoryProbe(), show_progress=True)
+    assert log.getvalue().count("\r") <= 3, log.getvalue()
