@@ -17,9 +17,9 @@ import torch
 import torch.fx as fx
 from torch.fx.graph import CodeGen
 
-from specc.capture.families import ArchitectureSummary, summarize_architecture
+from specc.capture.families import ArchitectureSummary, layer_windows, summarize_architecture
 from specc.errors import SpeccError
-from specc.graph.nodes import attribute
+from specc.graph.nodes import ATTENTION_WINDOW, attention_nodes, attribute, layer_index
 from specc.graph.signature import TensorSpec, declare_input, declare_outputs
 from specc.graph.tidy import remove_assertions, tidy
 
@@ -42,7 +42,22 @@ def capture(model: torch.nn.Module, max_seq_len: int) -> CapturedProgram:
     remove_assertions(gm)
     inline_mode_wrappers(gm)
     _declare_signature(gm)
+    _tag_sliding_layers(gm, layer_windows(model.config))
     return CapturedProgram(tidy(gm), architecture)
+
+
+def _tag_sliding_layers(gm: fx.GraphModule, windows: tuple[int | None, ...] | None) -> None:
+    """Mark each attention call of a sliding layer with its window, where layers mix attention kinds
+    (`specc.passes.window_sliding_layers` windows those calls' masks)."""
+    if windows is None:
+        return
+    for sdpa in attention_nodes(gm.graph):
+        layer = layer_index(sdpa)
+        if layer is None or layer >= len(windows):
+            raise SpeccError(f"attention node {sdpa.name} has no decoder layer among the {len(windows)} the config's "
+                             f"layer_types describe")
+        if windows[layer] is not None:
+            sdpa.meta[ATTENTION_WINDOW] = windows[layer]
 
 
 def _declare_signature(gm: fx.GraphModule) -> None:

@@ -74,19 +74,34 @@ def _eos_token_ids(config, generation_config) -> tuple[int, ...]:
 
 
 def _active_sliding_window(config) -> int | None:
+    """The window every layer attends through, which the runtime applies to the one mask it
+    builds; None when no layer has one, or when layers differ (`layer_windows` then says which)."""
+    if layer_windows(config) is not None:
+        return None
     window = getattr(config, "sliding_window", None)
     if window is None:
         return None
     # qwen2/qwen3 carry a window but only use it when this flag is on.
     if hasattr(config, "use_sliding_window") and not config.use_sliding_window:
         return None
-    layer_types = set(getattr(config, "layer_types", None) or ())
-    if len(layer_types) > 1:
-        # Every attention call reads the one mask input the runtime builds (insert_attention_mask).
-        raise UsageError(f"this {config.model_type} checkpoint mixes attention kinds across layers "
-                         f"({', '.join(sorted(layer_types))}; e.g. max_window_layers="
-                         f"{getattr(config, 'max_window_layers', '?')}): specc feeds every layer one attention "
-                         f"mask, so it serves only checkpoints whose layers all attend alike")
-    if layer_types == {"full_attention"}:
+    if set(getattr(config, "layer_types", None) or ()) == {"full_attention"}:
         return None
     return int(window)
+
+
+def layer_windows(config) -> tuple[int | None, ...] | None:
+    """Each decoder layer's sliding window (None: full attention) when the checkpoint mixes
+    attention kinds across layers (`layer_types`: Gemma 2/3, GPT-OSS, Qwen2 with
+    max_window_layers); None when every layer attends alike. The graph windows those layers
+    itself (`specc.passes.window_sliding_layers`), from the one mask the runtime builds."""
+    kinds = list(getattr(config, "layer_types", None) or ())
+    if len(set(kinds)) < 2:
+        return None
+    unknown = set(kinds) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise UsageError(f"this {config.model_type} checkpoint has layers of attention kind "
+                         f"{', '.join(sorted(unknown))}: specc serves full and sliding-window attention only")
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        raise UsageError(f"this {config.model_type} checkpoint has sliding_attention layers but no sliding_window")
+    return tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)

@@ -8,6 +8,8 @@ import torch
 import torch.fx as fx
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
+ATTENTION_WINDOW = "specc_attention_window"   # an attention call's meta: its layer's sliding window (capture)
+WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window it hides keys beyond
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 

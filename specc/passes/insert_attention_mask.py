@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from specc.graph.nodes import add_placeholder, attention_nodes, placeholder
+from specc.graph.nodes import WINDOWED_MASK, add_placeholder, attention_nodes, placeholder
 from specc.graph.signature import declare_input
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
@@ -50,5 +50,7 @@ class InsertAttentionMask(GraphPass):
 
 
 def _uses_mask(sdpa: fx.Node, mask: fx.Node | None) -> bool:
+    """Whether `sdpa` reads the mask input, directly or windowed (`window_sliding_layers`)."""
     current = sdpa.args[3] if len(sdpa.args) > 3 else sdpa.kwargs.get("attn_mask")
-    return mask is not None and current is mask
+    windowed = isinstance(current, fx.Node) and WINDOWED_MASK in current.meta and current.args[0] is mask
+    return mask is not None and (current is mask or windowed)
