@@ -22,11 +22,11 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from specc.testing.exactness_matrix import BACKENDS, METHODS
-    from specc.testing.checkpoints import FAMILIES
+    from specc.testing.checkpoints import QUIRKY_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default=",".join(QUIRKY_MODELS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--bfloat16-family", default="llama")

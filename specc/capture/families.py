@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from specc.errors import UsageError
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ from specc.errors import SpeccError, UsageError
 
 # GGUF `general.architecture` values specc converts: llama.cpp names these
 # families as Hugging Face does (Mistral files usually say "llama", which
-# transformers maps to mistral by the model name).
-SUPPORTED_ARCHITECTURES = SUPPORTED_FAMILIES
+# transformers maps to mistral by the model name), but for Gemma 3, whose
+# text-only model Hugging Face calls gemma3_text.
+GGUF_ARCHITECTURE_NAMES = {"gemma3_text": "gemma3"}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURE_NAMES.get(f, f) for f in SUPPORTED_FAMILIES)
 # Tensor types `gguf.dequantize` turns into float32.
 SUPPORTED_TENSOR_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

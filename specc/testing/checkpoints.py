@@ -26,8 +26,11 @@ def tiny_config(family: str, **overrides):
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "phi3": transformers.Phi3Config,
+        "gemma3_text": transformers.Gemma3TextConfig,
+        "qwen2_interleaved": transformers.Qwen2Config,   # a quirky variant (QUIRKS), not a family of its own
     }
-    extra = {"mistral": {"sliding_window": None}, "qwen3": {"head_dim": 16}}.get(family, {})
+    extra = {"mistral": {"sliding_window": None}, "qwen3": {"head_dim": 16},
+             "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16}}.get(family, {})
     return classes[family](**{**_COMMON, **extra, **overrides})
 
 
@@ -46,7 +49,16 @@ QUIRKS: dict[str, dict] = {
     "qwen3": dict(num_attention_heads=6, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
     "phi3": dict(sliding_window=6, num_key_value_heads=4,
                  rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+    # Gemma 3: sliding layers around a full one (as 5:1 in real checkpoints), a window shorter than a
+    # prompt plus its generation, head_dim 32 where hidden/heads is 16, a query scale of its own,
+    # multi-query attention, tied embeddings (always).
+    "gemma3_text": dict(sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24),
+    # Qwen2 with max_window_layers: its first layer attends fully, the later ones through a window.
+    "qwen2_interleaved": dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, num_attention_heads=8,
+                              num_key_value_heads=2, tie_word_embeddings=True),
 }
+QUIRKY_MODELS = (*FAMILIES, "qwen2_interleaved")   # the exactness matrix's rows: every family and its variants
 
 
 def quirky_config(family: str, **overrides):

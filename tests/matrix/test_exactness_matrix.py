@@ -3,7 +3,8 @@ are token-identical to Hugging Face greedy in float32 and to the bfloat16 `none`
 bfloat16, or refused at compile time with a reason.
 
 Fast by default: every method on two quirky families in eager (each with Mistral's sliding
-window, the quirk that broke SpecEE), and `none` on every family under inductor and onnx.
+window, the quirk that broke SpecEE) and on the two that interleave sliding-window and full
+layers (Gemma 3, Qwen2 with max_window_layers), and `none` on every family under inductor and onnx.
 `-m slow` runs the whole matrix: every method × family × backend in float32, and every
 method × backend in bfloat16 on one family. `benchmarks/matrix.py` prints it as a table.
 """
@@ -15,7 +16,7 @@ import pytest
 from specc.runtime.sampling import SamplingConfig
 from specc.testing.exactness_matrix import (BACKENDS, MAX_NEW_TOKENS, METHODS, Cell, QuirkyCheckpoints, cell_engine,
                                             prompts, run_cell)
-from specc.testing.checkpoints import FAMILIES
+from specc.testing.checkpoints import QUIRKY_MODELS
 
 # Each method's second family: together they cover every family's quirks.
 PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3", "phi3")))
@@ -60,15 +61,18 @@ def assert_exact(result) -> None:
         assert 0 < result.accepted < result.drafted, f"{result.cell.label}: {result.mark()}"
 
 
+INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
+
+
 def fast_cells() -> list[Cell]:
-    methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m])]
-    backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in FAMILIES]
+    methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m], *INTERLEAVED)]
+    backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in QUIRKY_MODELS]
     return methods + backends
 
 
 def slow_cells() -> list[Cell]:
     fast = set(fast_cells())
-    float32 = [Cell(m, f, b) for b in BACKENDS for m in METHODS for f in FAMILIES]
+    float32 = [Cell(m, f, b) for b in BACKENDS for m in METHODS for f in QUIRKY_MODELS]
     bfloat16 = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16") for b in BACKENDS for m in METHODS if m != "none"]
     return [c for c in float32 + bfloat16 if c not in fast]
 
@@ -84,11 +88,13 @@ def test_slow_cell(matrix, cell):
     assert_exact(matrix(cell))
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
 @pytest.mark.parametrize("method", METHODS)
-def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_of, method):
+def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_of, method, family):
     """Same seed and prompt, same tokens and drafts, whatever the engine ran before: a chat
-    turn reusing the cache of a greedy turn samples what a fresh engine samples."""
-    engine = engine_of(Cell(method, "mistral", "eager"))
+    turn reusing the cache of a greedy turn samples what a fresh engine samples (with one
+    window for every layer, and with windowed layers among full ones)."""
+    engine = engine_of(Cell(method, family, "eager"))
     sampling = SamplingConfig(temperature=0.8, seed=7)
     for first in prompts()[:3]:
         reply = engine.generate_ids(first, MAX_NEW_TOKENS, reuse_prefix=True).token_ids
@@ -102,14 +108,16 @@ def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_o
             (fresh.stats.drafted_tokens, fresh.stats.target_forward_passes), f"{method}: the same rounds"
 
 
-def test_a_checkpoint_mixing_full_and_sliding_layers_is_refused_at_capture():
-    from specc.capture.families import summarize_architecture
-    from specc.errors import UsageError
+def test_a_checkpoint_mixing_full_and_sliding_layers_windows_its_layers_in_the_graph():
+    from specc.capture.families import layer_windows, summarize_architecture
     from specc.testing.checkpoints import quirky_config
 
-    with pytest.raises(UsageError, match="mixes attention kinds across layers"):
-        summarize_architecture(quirky_config("qwen2", max_window_layers=1))
+    mixed = quirky_config("qwen2", max_window_layers=1)
+    assert summarize_architecture(mixed).sliding_window is None, "the runtime's one mask is the full one"
+    assert layer_windows(mixed) == (None, 6, 6)
+    assert layer_windows(quirky_config("gemma3_text")) == (5, None, 5)
     assert summarize_architecture(quirky_config("qwen2")).sliding_window == 6
+    assert layer_windows(quirky_config("qwen2")) is None
     # A window no layer uses (every layer below max_window_layers attends fully) is no window.
     assert summarize_architecture(quirky_config("qwen2", max_window_layers=3)).sliding_window is None
     assert summarize_architecture(quirky_config("mistral")).sliding_window == 6

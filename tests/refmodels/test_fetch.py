@@ -4,6 +4,7 @@ against transformers' own GGUF load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -179,8 +180,10 @@ def test_the_real_models_pieces_are_named_as_their_packages_hold_them():
 
 def test_a_model_of_a_family_specc_cannot_capture_is_refused_before_downloading(tmp_path, monkeypatch):
     _no_download(monkeypatch)
-    with pytest.raises(UsageError, match="gemma-3-270m is a gemma3 model, which specc cannot capture yet.*--gguf"):
-        fetch_model("gemma-3-270m", tmp_path)
+    model = dataclasses.replace(_chunked("fake-gpt2", [b"x"]), family="gpt2")
+    monkeypatch.setitem(FETCHABLE_MODELS, model.name, model)
+    with pytest.raises(UsageError, match="fake-gpt2 is a gpt2 model, which specc cannot capture yet.*--gguf"):
+        fetch_model(model.name, tmp_path)
 
 
 @pytest.mark.network
