@@ -19,7 +19,8 @@ def run_bench(args) -> int:
     options = BenchOptions(engine=args.engine, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                            repeats=args.repeats, num_prompts=args.num_prompts,
                            chat_template=not getattr(args, "no_chat_template", False),
-                           device=getattr(args, "device", None))
+                           device=getattr(args, "device", None), peers=tuple(getattr(args, "baseline", ()) or ()),
+                           gguf=getattr(args, "gguf", None))
     doc = benchmark(options)
     print(format_report(doc), end="")
     banner = identity_banner(doc)

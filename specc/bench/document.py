@@ -13,6 +13,7 @@ from specc.bench.memory import MemoryProbe, process_peak_rss_bytes
 from specc.bench.predict import draft_depth, predict
 from specc.contract.descriptor import COMPILE_TIME_PREDICTION
 from specc.bench.runner import Run
+from specc.bench.llama_cpp import PEERS
 from specc.bench.systems import ENGINE, HF_GREEDY, SPECC_NONE, System
 
 SCHEMA = "specc-bench/1"
@@ -107,6 +108,9 @@ def summarize_group(runs: list[Run], systems: list[System], indices: set[int], r
         }
         if system.name != HF_GREEDY:
             entry["identity_vs_hf_greedy"] = st.identity({i: reference[i] for i in indices}, mine, system.name)
+        if system.name in PEERS:   # engines of their own, computing in other formats: agreement, not identity
+            engine_outputs = {r.prompt_index: r.token_ids for r in runs if r.system == ENGINE and r.repeat == 0}
+            entry["agreement_with_engine"] = st.identity({i: engine_outputs[i] for i in indices}, mine, system.name)
         stats = [r.stats for r in mine if r.stats is not None]
         if stats:
             entry["acceptance"] = st.acceptance(stats)

@@ -31,6 +31,8 @@ class BenchOptions:
     show_progress: bool = True
     chat_template: bool = True            # chat-format conversational prompts when the tokenizer has a template
     device: str | None = None             # --device (None: auto; an aoti engine: where it was compiled for)
+    peers: tuple[str, ...] = ()           # --baseline: other engines run as baselines (llama.cpp)
+    gguf: Path | None = None              # --gguf: the file llama.cpp runs (default: the engine's source GGUF)
 
 
 def benchmark(options: BenchOptions) -> dict:
@@ -44,6 +46,7 @@ def benchmark(options: BenchOptions) -> dict:
     quiet_transformers()
     engine = load_engine(options.engine, device=options.device)
     source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
+    peer_gguf = _peer_gguf(engine, options)
     prompt_set = load_prompt_set(options.prompts, options.num_prompts)
     prompts, prompt_ids, notes = encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
     chat_formatted = any(p["chat_template"] for p in prompts)
@@ -60,7 +63,8 @@ def benchmark(options: BenchOptions) -> dict:
         baselines = build_baselines(engine, options.max_new_tokens, Path(workdir), options.baseline_engine)
         under_test = engine_system(ENGINE, f"specc {engine.manifest['method']}", "engine", engine,
                                    options.max_new_tokens)
-        systems = baselines.systems + [under_test]
+        peers = _peer_systems(engine, options, peer_gguf)
+        systems = baselines.systems + peers + [under_test]
         bandwidth = BandwidthSamples()
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
@@ -78,6 +82,31 @@ def benchmark(options: BenchOptions) -> dict:
         machine=machine_info(), versions=versions(), settings=settings, prompts=prompts, systems=systems,
         runs=runs, memory=memory, notes=notes + baselines.notes, bandwidth_bound=bound,
     )
+
+
+def _peer_gguf(engine, options: BenchOptions) -> Path | None:
+    """The GGUF llama.cpp will run, checked (with llama-cpp-python's presence) before any other work."""
+    from specc.bench.llama_cpp import BASELINE_NAMES, import_llama_cpp, source_gguf
+
+    unknown = [name for name in options.peers if name not in BASELINE_NAMES]
+    if unknown:
+        raise UsageError(f"--baseline {unknown[0]} is not a system specc runs; choose from: {', '.join(BASELINE_NAMES)}")
+    if not options.peers:
+        return None
+    if engine.device.type != "cpu":
+        raise UsageError("--baseline llama.cpp runs on the CPU: benchmark a CPU engine (--device cpu)")
+    import_llama_cpp()
+    return source_gguf(engine.manifest, options.gguf)
+
+
+def _peer_systems(engine, options: BenchOptions, gguf: Path | None) -> list:
+    if gguf is None:
+        return []
+    import torch
+
+    from specc.bench.llama_cpp import llama_cpp_systems
+
+    return llama_cpp_systems(gguf, torch.get_num_threads(), options.max_new_tokens, engine.max_seq_len)
 
 
 def encode_fitting(engine, prompt_set, max_new_tokens: int,

@@ -74,6 +74,9 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
         over = _spread(group["speedup"][system], "{:.2f}x") if system in group["speedup"] else "—"
         same = entry.get("identity_vs_hf_greedy")
         same_text = f"{same['identical']}/{same['total']}" if same else "(reference)"
+        agreement = entry.get("agreement_with_engine")
+        if agreement:
+            same_text += f" (same tokens as the engine on {agreement['identical']}/{agreement['total']})"
         lines.append(f"  {labels[system]:<30} {speed:<26} {over:<24} {same_text}")
     engine = group["systems"][ENGINE]
     if "acceptance" in engine:

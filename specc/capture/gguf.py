@@ -165,6 +165,7 @@ def _write_checkpoint(path: Path, info: GGUFInfo, sha256: str, out: Path) -> Non
     tokenizer.save_pretrained(out)
     marker = {
         "source": path.name,
+        "source_path": str(path.resolve()),   # what llama.cpp runs beside the engine (specc bench --baseline)
         "sha256": sha256,
         "architecture": info.architecture,
         "model_type": config.model_type,

@@ -198,7 +198,8 @@ def _add_inspect(verbs):
 
 def _add_bench(verbs):
     p = _verb(verbs, "bench", "measure speed and acceptance against plain decoding",
-              "  specc bench engines/m\n  specc bench engines/m --prompts spec_bench --num-prompts 8 --json out.json\n")
+              "  specc bench engines/m\n  specc bench engines/m --prompts spec_bench --num-prompts 8 --json out.json\n"
+              "  specc bench engines/m --baseline llama.cpp --max-new-tokens 128\n")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--prompts", default="code", help="prompt set name (code, text, spec_bench, gsm8k) or a "
                                                      "JSONL/text file")
@@ -209,6 +210,11 @@ def _add_bench(verbs):
     p.add_argument("--plot", type=Path, help="write a PNG chart")
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode conversational prompts (Spec-Bench turns) as plain text, not chat-formatted")
+    p.add_argument("--baseline", action="append", default=[], metavar="SYSTEM",
+                   help="also run another engine as a baseline (repeatable): llama.cpp runs the engine's source "
+                        "GGUF, plain and with its prompt lookup (needs pip install 'specc[peers]')")
+    p.add_argument("--gguf", type=Path, metavar="FILE",
+                   help="the GGUF file --baseline llama.cpp runs (default: the one the engine was compiled from)")
     _device_option(p, "the engine and its baselines run (an aoti engine: where it was compiled for)")
     return p
 

@@ -1,0 +1,143 @@
+"""Several compiled engines of one model, side by side in one process, against the first.
+
+    python benchmarks/engines_side_by_side.py build/q15/none build/q15/prompt-lookup build/q15/draft-model \
+        --prompts code --num-prompts 8 --max-new-tokens 128 --repeats 2 --name qwen2.5-coder-1.5b
+
+`specc bench` measures one engine against Hugging Face's `generate` and the
+`none` engine; on a real-size model on the CPU each of those baselines costs
+as much time as the engine itself. This script runs only specc engines: the
+first (normally `none`, same dtype and backend) is the reference, and every
+engine decodes the same prompts greedily, interleaved (one warm-up each, then
+the systems in rotated order per prompt and repeat, as `specc bench` does).
+It reports, per engine, tokens per second (median over repeats, new tokens /
+wall seconds over the prompts), the speedup over the reference, the mean
+accepted length M (new tokens per target forward, prefill and bonus token
+included), the acceptance rate α, and token identity with the reference.
+Results go to benchmarks/results/<device>-<name>-<prompts>-<tokens>tok.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("engines", nargs="+", type=Path, help="engine directories; the first is the reference")
+    parser.add_argument("--prompts", default="code", help="prompt set or file, as for `specc bench`")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--name", required=True, help="the model's name in the results file name")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specc.bench.harness import encode_fitting, quiet_transformers
+    from specc.bench.machine import device_label, machine_info, versions
+    from specc.bench.memory import MemoryProbe
+    from specc.bench.runner import run_interleaved
+    from specc.bench.systems import engine_system
+    from specc.data.prompts import load_prompt_set
+    from specc.engine.loaded import load_engine
+    from specc.host.threads import apply_threads
+
+    args = parse_args(argv)
+    apply_threads()
+    quiet_transformers()
+    engines = [load_engine(path) for path in args.engines]
+    prompt_set = load_prompt_set(args.prompts, args.num_prompts)
+    prompts, prompt_ids, notes = encode_fitting(engines[0], prompt_set, args.max_new_tokens)
+    names = [_system_name(engine, index) for index, engine in enumerate(engines)]
+    systems = [engine_system(name, f"specc {engine.manifest['method']}", "engine", engine, args.max_new_tokens)
+               for name, engine in zip(names, engines)]
+    runs = run_interleaved(systems, prompt_ids, args.repeats, MemoryProbe(), show_progress=True)
+    summary = summarize(runs, names, len(prompt_ids))
+    doc = {"schema": "specc-side-by-side/1", "model": args.name, "machine": machine_info(), "versions": versions(),
+           "settings": {"prompt_set": prompt_set.name, "num_prompts": len(prompt_ids),
+                        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                        "decoding": "greedy, batch 1", "interleaved": True},
+           "engines": {name: {"path": str(engine.path), "method": engine.manifest["method"],
+                              "method_config": engine.manifest["method_config"],
+                              "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
+                              "compile_seconds": engine.manifest.get("compile_seconds")}
+                       for name, engine in zip(names, engines)},
+           "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary,
+           "runs": [run.to_json() for run in runs]}
+    stem = f"{device_label()}-{args.name}-{prompt_set.name}-{args.max_new_tokens}tok"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    table = markdown(doc)
+    (args.results_dir / f"{stem}.md").write_text(table)
+    print(table)
+    return 0
+
+
+def _system_name(engine, index: int) -> str:
+    return f"{index}-{engine.manifest['method']}"
+
+
+def summarize(runs, names: list[str], prompts: int) -> dict:
+    """Per system: tok/s per repeat (median, min, max), speedup over the first, M, α, identity with the first."""
+    reference = {r.prompt_index: r.token_ids for r in runs if r.system == names[0] and r.repeat == 0}
+    rates = {name: _rates(runs, name) for name in names}
+    out = {}
+    for name in names:
+        mine = [r for r in runs if r.system == name]
+        stats = [r.stats for r in mine]
+        forwards = sum(s.target_forward_passes for s in stats)
+        drafted = sum(s.drafted_tokens for s in stats)
+        identical = sum(r.token_ids == reference[r.prompt_index] for r in mine if r.repeat == 0)
+        speedups = [mine_rate / base for mine_rate, base in zip(rates[name], rates[names[0]])]
+        out[name] = {"tokens_per_second": _spread(rates[name]), "speedup": _spread(speedups),
+                     "mean_accepted_length": sum(s.new_tokens for s in stats) / forwards if forwards else None,
+                     "acceptance_rate": sum(s.accepted_tokens for s in stats) / drafted if drafted else None,
+                     "identical_to_reference": f"{identical}/{prompts}"}
+    return out
+
+
+def _rates(runs, name: str) -> list[float]:
+    repeats = sorted({r.repeat for r in runs if r.system == name})
+    return [sum(len(r.token_ids) for r in runs if r.system == name and r.repeat == k)
+            / sum(r.seconds for r in runs if r.system == name and r.repeat == k) for k in repeats]
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def markdown(doc: dict) -> str:
+    settings = doc["settings"]
+    machine = doc["machine"]
+    lines = [f"# {doc['model']}: specc engines side by side ({settings['prompt_set']})", "",
+             f"{settings['num_prompts']} prompts x {settings['max_new_tokens']} new tokens, {settings['repeats']} "
+             f"interleaved repeat(s) after one warm-up each, greedy, batch 1; {machine['processor']}, "
+             f"{machine['torch_threads']} torch thread(s); torch {doc['versions']['torch']}. The first engine is "
+             f"the reference: speedup and identity are against it (`benchmarks/engines_side_by_side.py`).", "",
+             "| engine | backend, dtype | tok/s (median, min-max) | speedup | M | α | identical |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in doc["summary"].items():
+        engine = doc["engines"][name]
+        rate, speedup = row["tokens_per_second"], row["speedup"]
+        alpha = "—" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.3f}"
+        settings_text = ", ".join(f"{k}={v}" for k, v in engine["method_config"].items()
+                                  if k not in ("draft_model", "calib_data", "version") and v not in (None, "", 0))
+        lines.append(f"| {engine['method']}{f' ({settings_text})' if settings_text else ''} | {engine['backend']}, "
+                     f"{engine['dtype']} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
+                     f"{speedup['median']:.2f}x | {row['mean_accepted_length']:.2f} | {alpha} | "
+                     f"{row['identical_to_reference']} |")
+    lines += [""] + [f"note: {note}" for note in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""benchmarks/engines_side_by_side.py: engines of one model against the first, interleaved, on tiny engines."""
+
+from __future__ import annotations
+
+import json
+
+from specc.compiler import CompileRequest, compile_engine
+from tests.bench.scripts import load_benchmark
+
+
+def test_engines_run_side_by_side_against_the_first(checkpoints, tmp_path, one_thread, prompt_lookup_method):
+    target, draft = checkpoints("llama")
+    engines = []
+    for method, settings in (("none", []), ("prompt-lookup", ["max_ngram=2"]), ("draft-model", [f"draft_model={draft}"])):
+        engines.append(tmp_path / method)
+        compile_engine(CompileRequest(model=str(target), method=method, output=engines[-1], max_seq_len=128,
+                                      settings=settings))
+    script = load_benchmark("engines_side_by_side")
+    results = tmp_path / "results"
+    assert script.main([*map(str, engines), "--prompts", "code", "--num-prompts", "2", "--max-new-tokens", "8",
+                        "--repeats", "2", "--name", "tiny", "--results-dir", str(results)]) == 0
+    (written,) = results.glob("*-tiny-code-8tok.json")
+    doc = json.loads(written.read_text())
+    summary = doc["summary"]
+    assert list(summary) == ["0-none", "1-prompt-lookup", "2-draft-model"]
+    assert summary["0-none"]["speedup"]["median"] == 1.0 and summary["0-none"]["acceptance_rate"] is None
+    assert all(row["identical_to_reference"] == "2/2" for row in summary.values()), "float32 lossless engines"
+    assert summary["2-draft-model"]["acceptance_rate"] is not None
+    assert len(doc["runs"]) == 3 * 2 * 2
+    table = written.with_suffix(".md").read_text()
+    assert "| draft-model (" in table and "2/2 |" in table
