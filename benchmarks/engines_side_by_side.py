@@ -36,6 +36,10 @@ def parse_args(argv):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--name", required=True, help="the model's name in the results file name")
+    parser.add_argument("--baseline", choices=["llama.cpp"], action="append", default=[],
+                        help="also run llama.cpp on the first engine's source GGUF, plain and with its prompt lookup "
+                             "(specc bench --baseline llama.cpp; needs pip install 'specc[peers]')")
+    parser.add_argument("--gguf", type=Path, help="the GGUF llama.cpp runs (default: the first engine's source)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -51,14 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     from specc.host.threads import apply_threads
 
     args = parse_args(argv)
-    apply_threads()
+    threads = apply_threads()
     quiet_transformers()
     engines = [load_engine(path) for path in args.engines]
+    peers = _peers(args, engines[0], threads)
     prompt_set = load_prompt_set(args.prompts, args.num_prompts)
     prompts, prompt_ids, notes = encode_fitting(engines[0], prompt_set, args.max_new_tokens)
     names = [_system_name(engine, index) for index, engine in enumerate(engines)]
     systems = [engine_system(name, f"specc {engine.manifest['method']}", "engine", engine, args.max_new_tokens)
                for name, engine in zip(names, engines)]
+    systems += peers
+    names += [peer.name for peer in peers]
     runs = run_interleaved(systems, prompt_ids, args.repeats, MemoryProbe(), show_progress=True)
     summary = summarize(runs, names, len(prompt_ids))
     doc = {"schema": "specc-side-by-side/1", "model": args.name, "machine": machine_info(), "versions": versions(),
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                               "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
                               "compile_seconds": engine.manifest.get("compile_seconds")}
                        for name, engine in zip(names, engines)},
+           "peers": {peer.name: peer.describe() for peer in peers},
            "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary,
            "runs": [run.to_json() for run in runs]}
     stem = f"{device_label()}-{args.name}-{prompt_set.name}-{args.max_new_tokens}tok"
@@ -79,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     (args.results_dir / f"{stem}.md").write_text(table)
     print(table)
     return 0
+
+
+def _peers(args, reference, threads: int) -> list:
+    """llama.cpp's systems on the reference engine's source GGUF, when asked for."""
+    if not args.baseline:
+        return []
+    from specc.bench.llama_cpp import llama_cpp_systems, source_gguf
+
+    gguf = source_gguf(reference.manifest, args.gguf)
+    return llama_cpp_systems(gguf, threads, args.max_new_tokens, reference.max_seq_len)
 
 
 def _system_name(engine, index: int) -> str:
@@ -92,7 +110,7 @@ def summarize(runs, names: list[str], prompts: int) -> dict:
     out = {}
     for name in names:
         mine = [r for r in runs if r.system == name]
-        stats = [r.stats for r in mine]
+        stats = [r.stats for r in mine if r.stats is not None]   # llama.cpp reports none
         forwards = sum(s.target_forward_passes for s in stats)
         drafted = sum(s.drafted_tokens for s in stats)
         identical = sum(r.token_ids == reference[r.prompt_index] for r in mine if r.repeat == 0)
@@ -114,6 +132,10 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _figure(value) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def markdown(doc: dict) -> str:
     settings = doc["settings"]
     machine = doc["machine"]
@@ -125,14 +147,20 @@ def markdown(doc: dict) -> str:
              "| engine | backend, dtype | tok/s (median, min-max) | speedup | M | α | identical |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, row in doc["summary"].items():
-        engine = doc["engines"][name]
         rate, speedup = row["tokens_per_second"], row["speedup"]
+        if name in doc.get("peers", {}):
+            peer = doc["peers"][name]
+            lines.append(f"| {peer['label']} | {Path(peer['config']['gguf']).name} | {rate['median']:.2f} "
+                         f"({rate['min']:.2f}-{rate['max']:.2f}) | {speedup['median']:.2f}x | — | — | "
+                         f"{row['identical_to_reference']} (agreement) |")
+            continue
+        engine = doc["engines"][name]
         alpha = "—" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.3f}"
         settings_text = ", ".join(f"{k}={v}" for k, v in engine["method_config"].items()
                                   if k not in ("draft_model", "calib_data", "version") and v not in (None, "", 0))
         lines.append(f"| {engine['method']}{f' ({settings_text})' if settings_text else ''} | {engine['backend']}, "
                      f"{engine['dtype']} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
-                     f"{speedup['median']:.2f}x | {row['mean_accepted_length']:.2f} | {alpha} | "
+                     f"{speedup['median']:.2f}x | {_figure(row['mean_accepted_length'])} | {alpha} | "
                      f"{row['identical_to_reference']} |")
     lines += [""] + [f"note: {note}" for note in doc["notes"]]
     return "\n".join(lines) + "\n"

@@ -29,3 +29,24 @@ def test_engines_run_side_by_side_against_the_first(checkpoints, tmp_path, one_t
     assert len(doc["runs"]) == 3 * 2 * 2
     table = written.with_suffix(".md").read_text()
     assert "| draft-model (" in table and "2/2 |" in table
+
+
+def test_llama_cpp_runs_beside_them_on_the_first_engines_gguf(checkpoints, tmp_path, one_thread, monkeypatch):
+    from tests.bench.test_llama_cpp_baseline import FakeLlama, install_fake_llama_cpp
+
+    install_fake_llama_cpp(monkeypatch)
+    target, _ = checkpoints("llama")
+    compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "none", max_seq_len=128))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    script = load_benchmark("engines_side_by_side")
+    results = tmp_path / "results"
+    assert script.main([str(tmp_path / "none"), "--baseline", "llama.cpp", "--gguf", str(gguf), "--prompts", "code",
+                        "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--name", "tiny",
+                        "--results-dir", str(results)]) == 0
+    doc = json.loads(next(results.glob("*.json")).read_text())
+    assert list(doc["summary"]) == ["0-none", "llama.cpp", "llama.cpp-prompt-lookup"]
+    assert doc["summary"]["llama.cpp"]["mean_accepted_length"] is None
+    assert doc["summary"]["llama.cpp"]["identical_to_reference"] == "0/2"
+    assert len(FakeLlama.made) == 2
+    assert "| llama.cpp (llama-cpp-python), greedy | model.gguf |" in next(results.glob("*.md")).read_text()

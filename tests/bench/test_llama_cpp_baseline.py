@@ -42,6 +42,11 @@ class FakeLlama:
 
 @pytest.fixture
 def fake_llama_cpp(monkeypatch):
+    return install_fake_llama_cpp(monkeypatch)
+
+
+def install_fake_llama_cpp(monkeypatch):
+    """`FakeLlama` as `llama_cpp.Llama` (and a stand-in prompt-lookup draft) for the test's duration."""
     module = types.ModuleType("llama_cpp")
     module.Llama = FakeLlama
     module.__version__ = "fake"
