@@ -35,7 +35,8 @@ def test_manifest_records_versions_passes_and_checksums(engine_dir):
     assert manifest["format_version"] == FORMAT_VERSION
     assert set(manifest["versions"]) == {"specc", "torch", "transformers"}
     assert [p["pass_name"] for p in manifest["passes"]] == [
-        "expose_position_ids", "insert_attention_mask", "insert_kv_cache", "select_logit_rows"]
+        "expose_position_ids", "insert_attention_mask", "insert_kv_cache", "window_sliding_layers",
+        "select_logit_rows"]
     assert manifest["graphs"]["target"]["architecture"]["model_type"] == "llama"
     files = set(manifest["files"])
     assert {"graphs/target.json", "weights/target.safetensors", "tokenizer/tokenizer.json"} <= files
