@@ -16,16 +16,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specc.bench.baselines import PROMPT_LOOKUP_TOKENS as LOOKUP_TOKENS
 from specc.bench.systems import System
+from specc.capture.gguf import MARKER_FILE
 from specc.errors import UsageError
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_LOOKUP = "llama.cpp-prompt-lookup"
 PEERS = (LLAMA_CPP, LLAMA_CPP_LOOKUP)    # systems that are other engines, not specc's or Hugging Face's
 BASELINE_NAMES = ("llama.cpp",)          # what --baseline accepts
-LOOKUP_TOKENS = 10
 PEERS_EXTRA = "pip install 'specc[peers]'"
-GGUF_MARKER = "specc_gguf.json"          # specc.capture.gguf.MARKER_FILE: the conversion's source
 
 
 def llama_cpp_systems(gguf: Path, threads: int, max_new_tokens: int, context: int) -> list[System]:
@@ -76,7 +76,7 @@ def source_gguf(manifest: dict, given: Path | None) -> Path:
         return given
     checkpoint = Path(manifest["source_checkpoint"])
     try:
-        marker = json.loads((checkpoint / GGUF_MARKER).read_text())
+        marker = json.loads((checkpoint / MARKER_FILE).read_text())
     except (OSError, ValueError):
         raise UsageError(f"the engine was compiled from {checkpoint}, not from a GGUF file, so llama.cpp has "
                          f"nothing to run: pass the GGUF of the same model with --gguf FILE") from None
