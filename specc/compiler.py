@@ -25,6 +25,9 @@ from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
+from specc.passes.quantize_linear_weights import QuantizeLinearWeights
+from specc.quantize.report import quantization_report
+from specc.quantize.schemes import Scheme, parse_scheme
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter, ticking
 from specc.train.dtype import matmul_seconds, training_dtype
@@ -46,6 +49,7 @@ class CompileRequest:
     kernels: bool = False   # attention through specc's Triton kernel (passes/use_kernels.py)
     show_progress: bool = False
     device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
+    quantize: str | None = None   # weight-only quantization of the target's linears: specc.quantize.schemes.SCHEMES
 
 
 def validate(request: CompileRequest):
@@ -54,6 +58,8 @@ def validate(request: CompileRequest):
     backend.check_available()
     resolve_device(request.device)
     check_dtype(request.dtype)
+    if request.quantize is not None:
+        check_quantize(request, parse_scheme(request.quantize))
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
@@ -73,6 +79,21 @@ def validate(request: CompileRequest):
     return method, backend, config, checkpoint
 
 
+QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
+
+
+def check_quantize(request: CompileRequest, scheme: Scheme) -> None:
+    """Quantized engines run the CPU's weight-only kernels on bfloat16 activations."""
+    if request.dtype != "bfloat16":
+        raise UsageError(f"--quantize {scheme.name} needs --dtype bfloat16: the quantized matmuls take bfloat16 "
+                         f"activations, and bfloat16's fixed-row policy keeps speculation exact")
+    if request.backend not in QUANTIZED_BACKENDS:
+        raise UsageError(f"--quantize runs on the {', '.join(QUANTIZED_BACKENDS)} backends, not {request.backend}")
+    if resolve_device(request.device).type != "cpu":
+        raise UsageError("--quantize builds CPU engines (PyTorch's int8/int4 weight kernels here are CPU "
+                         "kernels); pass --device cpu")
+
+
 def compile_engine(request: CompileRequest) -> dict:
     start = time.perf_counter()
     method, backend, config, checkpoint = validate(request)
@@ -90,11 +111,16 @@ def compile_engine(request: CompileRequest) -> dict:
     if method.prepare is not None:
         with progress.stage(f"preparing {method.name}'s data"):
             method_state = {**method_state, **method.prepare(config, tokenizer)}
+    scheme = parse_scheme(request.quantize) if request.quantize else None
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None,
-                                select_logit_rows=True)
+                                select_logit_rows=True, quantize=scheme)
         program.added_weights = install_weights(program, trained_weights)
+    quantization = None
+    if scheme is not None:
+        with progress.stage(f"measuring what {scheme.name} costs on held-out text"):
+            quantization = quantization_report(program, scheme, models[TARGET], tokenizer)
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
@@ -115,6 +141,7 @@ def compile_engine(request: CompileRequest) -> dict:
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
             **({"lowered": lowered} if lowered else {}),
+            **({"quantization": quantization} if quantization else {}),
             **({"kernels": kernels} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
@@ -165,15 +192,18 @@ def _load_sources(method, config, checkpoint, dtype: str) -> dict:
 
 def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
                   captures: dict | None = None, state: dict | None = None,
-                  recipes: dict[str, GraphRecipe] | None = None, select_logit_rows: bool = False) -> SpeculativeProgram:
+                  recipes: dict[str, GraphRecipe] | None = None, select_logit_rows: bool = False,
+                  quantize: Scheme | None = None) -> SpeculativeProgram:
     """Capture each source model once (into `captures`, reused across calls); every named graph
     (the method's for `config`, or `recipes`) rewrites its own copy of the capture with its
     recipe's passes, then, given the method `state` training produced, its `after_training`
     passes, then, for an engine (`select_logit_rows`), `select_logit_rows` (logits computed
-    only for the rows a call asks for), and last, with `kernels`, `use_kernels` (attention
-    through specc's kernel). Every pass is recorded."""
+    only for the rows a call asks for), then, with `quantize`, `quantize_linear_weights` (the
+    captured models' own linear weights packed once for the whole program), and last, with
+    `kernels`, `use_kernels` (attention through specc's kernel). Every pass is recorded."""
     program = SpeculativeProgram()
     captures = {} if captures is None else captures
+    packed: dict = {}
     recipes = method.graphs(config) if recipes is None else recipes
     for name, recipe in recipes.items():
         if recipe.source not in models:
@@ -184,11 +214,18 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
+                  *([_quantizer(quantize, captured.graph_module, packed)] if quantize else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
+
+
+def _quantizer(scheme: Scheme, captured: torch.nn.Module, packed: dict) -> QuantizeLinearWeights:
+    """The pass quantizing the weights `captured` holds (never a method's added ones)."""
+    frozen = {t.data_ptr() for t in [*captured.parameters(), *captured.buffers()]}
+    return QuantizeLinearWeights(scheme, quantizable=lambda tensor: tensor.data_ptr() in frozen, store=packed)
 
 
 def training_context(models: dict, method, config, max_seq_len: int, kernels: bool = False,

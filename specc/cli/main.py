@@ -84,6 +84,9 @@ def _add_compile(verbs):
     p.add_argument("--kernels", action="store_true",
                    help="run attention through specc's Triton kernel (specc.kernels; pays off on CUDA only: "
                         "on CPU it computes the PyTorch reference)")
+    p.add_argument("--quantize", metavar="SCHEME", default=None,
+                   help="weight-only quantization of the model's linear layers (CPU, with --dtype bfloat16): "
+                        "int8 (per channel), int4 (groups of 128), int4-g32|g64|g128|g256")
     _device_option(p, "the engine will run (training and ahead-of-time lowering run there too)")
     return p
 
@@ -384,15 +387,20 @@ def _compile(args) -> int:
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
         max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, kernels=args.kernels,
-        show_progress=True, device=args.device,
+        show_progress=True, device=args.device, quantize=args.quantize,
     )
-    print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}, "
+    quantized = f", {args.quantize} weights" if args.quantize else ""
+    print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}{quantized}, "
           f"{resolve_device(args.device)}) ...", file=sys.stderr)
     report = compile_engine(request)
     seconds, training = report["compile_seconds"], report.get("training")
     parts = ([f"training {training['seconds']:.1f}s in {training['dtype']}"] if training else []) + (
         [f"{report['backend']} packaging {seconds['lowering']:.1f}s"] if seconds["lowering"] else [])
     print(f"wrote {args.output} in {seconds['total']:.1f}s" + (f" ({', '.join(parts)})" if parts else ""))
+    if "quantization" in report:
+        from specc.quantize.report import describe_quantization
+
+        print(describe_quantization(report["quantization"]))
     return 0
 
 

@@ -217,13 +217,24 @@ def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
     for name, entry in manifest["graphs"].items():
         source = entry["source"]
         if source not in weights:
-            tensors = load_file(str(path / entry["weights"]), device=str(device))
+            tensors = aligned_packed_weights(load_file(str(path / entry["weights"]), device=str(device)))
             for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
                 tensors[alias] = tensors[original]
             weights[source] = tensors | added
         graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
         modules[name] = move_graph(graph_from_json(graph_json, weights[source]), device)
     return modules
+
+
+PACKED_WEIGHT_ALIGNMENT = 64   # bytes: what PyTorch's CPU allocator gives every tensor
+
+
+def aligned_packed_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` with every integer tensor (a `--quantize` engine's packed weights) at an aligned
+    address: safetensors places a tensor at any byte offset, and the CPU int8 matmul kernel
+    crashes (SIGSEGV) on an int8 weight that is not aligned, where it computes on a copy."""
+    return {name: t.clone() if not t.is_floating_point() and t.data_ptr() % PACKED_WEIGHT_ALIGNMENT else t
+            for name, t in tensors.items()}
 
 
 def _each_step_in(scope, steps):

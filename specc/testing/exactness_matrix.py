@@ -3,7 +3,8 @@ that carry each family's real quirks (`specc.testing.checkpoints.QUIRKS`).
 
 A cell compiles one engine and decodes a fixed set of prompts greedily. In float32 it
 must be token-identical to Hugging Face `generate(do_sample=False)`; in bfloat16, to
-the bfloat16 `none` engine of the same backend. A cell the backend or method cannot
+the bfloat16 `none` engine of the same backend (and the same `--quantize` scheme, for
+the quantized column). A cell the backend or method cannot
 serve is a compile-time refusal (`UsageError`) carrying its reason. The tests
 (`tests/matrix/`) and `benchmarks/matrix.py` (the table) both run cells through here.
 """
@@ -47,10 +48,11 @@ class Cell:
     family: str
     backend: str
     dtype: str = "float32"
+    quantize: str | None = None   # weight-only quantization (`specc compile --quantize`)
 
     @property
     def label(self) -> str:
-        return f"{self.method}-{self.family}-{self.backend}-{self.dtype}"
+        return f"{self.method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
     if cell.method in TRAINED:
         settings.append(f"calib_data={calib}")
     compile_engine(CompileRequest(model=str(target), method=cell.method, output=output, backend=cell.backend,
-                                  dtype=cell.dtype, max_seq_len=MAX_SEQ_LEN, force=True, settings=settings))
+                                  dtype=cell.dtype, max_seq_len=MAX_SEQ_LEN, force=True, settings=settings,
+                                  quantize=cell.quantize))
     return load_engine(output)
 
 
@@ -128,15 +131,15 @@ def decode(engine) -> list:
 
 def reference(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: dict) -> list[list[int]]:
     """What the cell must reproduce: HF greedy in float32, the `none` engine of the cell's
-    backend and dtype otherwise (memoised in `cache`)."""
-    key = (cell.family, cell.backend, cell.dtype) if cell.dtype != "float32" else (cell.family,)
+    backend, dtype and quantization otherwise (memoised in `cache`)."""
+    key = (cell.family, cell.backend, cell.dtype, cell.quantize) if cell.dtype != "float32" else (cell.family,)
     if key not in cache:
         if cell.dtype == "float32":
             from specc.testing.checkpoints import hf_greedy
 
             cache[key] = hf_greedy(checkpoints(cell.family)[0], prompts(), MAX_NEW_TOKENS)
         else:
-            none = Cell("none", cell.family, cell.backend, cell.dtype)
+            none = Cell("none", cell.family, cell.backend, cell.dtype, cell.quantize)
             engine = compile_cell(none, checkpoints, workdir / f"{none.label}-reference")
             cache[key] = [result.token_ids for result in decode(engine)]
     return cache[key]

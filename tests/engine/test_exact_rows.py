@@ -51,10 +51,12 @@ def test_bfloat16_eager_engines_run_every_call_padded_and_a_lossless_one_matches
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
-def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(wide_checkpoint, tmp_path):
-    """At SmolLM2's widths (the tiny test models are too narrow for the kernels to differ)."""
+@pytest.mark.parametrize("quantize", [None, "int8", "int4-g32"])
+def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(wide_checkpoint, tmp_path, quantize):
+    """At SmolLM2's widths (the tiny test models are too narrow for the kernels to differ), with
+    the target's weights as they are and quantized (`--quantize`: the int8 and int4 kernels)."""
     compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "e", dtype="bfloat16",
-                                  max_seq_len=96))
+                                  max_seq_len=96, quantize=quantize))
     model = load_engine(tmp_path / "e").context.model("target")
     tokens = torch.randint(model.architecture.vocab_size, (60,), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode(), torch_threads(2):   # kernels split rows across threads differently

@@ -4,9 +4,11 @@ bfloat16, or refused at compile time with a reason.
 
 Fast by default: every method on two quirky families in eager (each with Mistral's sliding
 window, the quirk that broke SpecEE) and on the two that interleave sliding-window and full
-layers (Gemma 3, Qwen2 with max_window_layers), and `none` on every family under inductor and onnx.
-`-m slow` runs the whole matrix: every method × family × backend in float32, and every
-method × backend in bfloat16 on one family. `benchmarks/matrix.py` prints it as a table.
+layers (Gemma 3, Qwen2 with max_window_layers), `none` on every family under inductor and onnx,
+and every method with int4 weights (`--quantize`) in bfloat16 on one family against its quantized
+`none`. `-m slow` runs the whole matrix: every method × family × backend in float32, every
+method × backend in bfloat16 on one family, and the quantized column with int4 and int8 weights
+under eager, inductor and aoti. `benchmarks/matrix.py` prints it as a table.
 """
 
 from __future__ import annotations
@@ -64,17 +66,26 @@ def assert_exact(result) -> None:
 INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
 
 
+# The quantized column (`--quantize`): int4 in groups the tiny checkpoints' widths divide, so
+# every linear takes the int4 kernel; int8 and the compiled backends run with -m slow.
+QUANTIZED = "int4-g32"
+QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
+
+
 def fast_cells() -> list[Cell]:
     methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m], *INTERLEAVED)]
     backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in QUIRKY_MODELS]
-    return methods + backends
+    quantized = [Cell(m, BFLOAT16_FAMILY, "eager", "bfloat16", QUANTIZED) for m in METHODS if m != "none"]
+    return methods + backends + quantized
 
 
 def slow_cells() -> list[Cell]:
     fast = set(fast_cells())
     float32 = [Cell(m, f, b) for b in BACKENDS for m in METHODS for f in QUIRKY_MODELS]
     bfloat16 = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16") for b in BACKENDS for m in METHODS if m != "none"]
-    return [c for c in float32 + bfloat16 if c not in fast]
+    quantized = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16", scheme) for scheme in (QUANTIZED, "int8")
+                 for b in QUANTIZED_BACKENDS for m in METHODS if m != "none"]
+    return [c for c in float32 + bfloat16 + quantized if c not in fast]
 
 
 @pytest.mark.parametrize("cell", fast_cells(), ids=lambda c: c.label)

@@ -1,0 +1,181 @@
+"""Rewrite the target's linear layers to weight-only quantized matmuls (`specc compile --quantize`).
+
+Each `aten.linear` whose weight is a frozen target tensor becomes
+
+    rows = reshape(x, [-1, in]);  y = <int8|int4 matmul>(rows, packed…);  y = reshape(y, [..., out]) (+ bias)
+
+with the packed tensors (`specc.quantize.schemes`) as buffers beside the weight they
+replace, which is dropped once no node reads it. Tensors are packed once per program:
+graphs over the same weight share one packed copy (`store`), so an engine stores it once.
+Weights a method added (heads, adapters) keep their dtype: training fills them after the
+passes run. Runs on engine graphs after `select_logit_rows`, so the LM head it quantizes
+already computes only the rows asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from specc.graph.tidy import tidy
+from specc.passes.base import GraphPass, PassResult, new_nodes
+from specc.quantize.schemes import Scheme, scheme_for
+
+aten = torch.ops.aten
+
+WeightKey = tuple[int, tuple[int, ...], torch.dtype]
+
+
+class QuantizeLinearWeights(GraphPass):
+    name = "quantize_linear_weights"
+
+    def __init__(self, scheme: Scheme, quantizable: Callable[[torch.Tensor], bool] | None = None,
+                 store: dict[WeightKey, tuple[Scheme, dict]] | None = None):
+        self.scheme = scheme
+        self.quantizable = quantizable or (lambda tensor: True)
+        self.store = {} if store is None else store
+
+    def describe(self) -> dict:
+        return self.scheme.to_json()
+
+    def run(self, gm: fx.GraphModule) -> PassResult:
+        modules = _graph_modules(gm)
+        before = {prefix: set(module.graph.nodes) for prefix, module in modules.items()}
+        replaced, added = [], []
+        for prefix, module in modules.items():
+            for linear in [n for n in module.graph.nodes if self._reads_attribute(module, n)]:
+                replaced.append(prefix + linear.name)
+                added += self._quantize_attribute(module, linear, prefix)
+        for call in [n for n in gm.graph.nodes if n.op == "call_module" and f"{n.target}." in modules]:
+            done, added_here = self._quantize_segment_inputs(gm, call, modules[f"{call.target}."])
+            replaced += [f"{call.target}.{name}" for name in done]
+            added += added_here
+        if not replaced:
+            return PassResult.unchanged(gm)
+        for module in modules.values():
+            tidy(module)
+        inserted = [prefix + name for prefix, module in modules.items()
+                    for name in new_nodes(before[prefix], module)]
+        return PassResult(gm, True, inserted=inserted, replaced=replaced, added_parameters=added)
+
+    def _quantizes(self, tensor: torch.Tensor) -> bool:
+        return tensor.dim() == 2 and tensor.is_floating_point() and self.quantizable(tensor)
+
+    def _reads_attribute(self, module: fx.GraphModule, node: fx.Node) -> bool:
+        """A linear whose weight is a get_attr of a tensor this pass quantizes."""
+        weight = node.args[1] if _is_linear(node) else None
+        return (isinstance(weight, fx.Node) and weight.op == "get_attr"
+                and self._quantizes(_attribute(module, weight.target)))
+
+    def _packed(self, tensor: torch.Tensor) -> tuple[Scheme, dict]:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if key not in self.store:
+            scheme = scheme_for(self.scheme, tensor)
+            self.store[key] = scheme, scheme.pack(tensor)
+        return self.store[key]
+
+    def _quantize_attribute(self, module: fx.GraphModule, linear: fx.Node, prefix: str) -> list[str]:
+        """`linear` reading its weight through get_attr: the packed tensors read the same way."""
+        weight = linear.args[1]
+        tensor = _attribute(module, weight.target)
+        scheme, packed = self._packed(tensor)
+        names = _register(module, weight.target, packed)
+        with module.graph.inserting_before(linear):
+            nodes = {key: module.graph.get_attr(name) for key, name in names.items()}
+        _replace_linear(module.graph, linear, scheme, nodes, tensor.shape)
+        return [prefix + name for name in names.values()]
+
+    def _quantize_segment_inputs(self, gm: fx.GraphModule, call: fx.Node,
+                                 segment: fx.GraphModule) -> tuple[list[str], list[str]]:
+        """A segment (`insert_skip_branches`, `segment_by_layer`) takes the parent's weights as
+        inputs: a weight input only linears read becomes one input per packed tensor."""
+        placeholders = [n for n in segment.graph.nodes if n.op == "placeholder"]
+        if call.kwargs or len(call.args) != len(placeholders):
+            return [], []
+        args, replaced, added = [], [], []
+        for arg, placeholder in zip(call.args, placeholders):
+            if not self._weight_input(gm, arg, placeholder):
+                args.append(arg)
+                continue
+            tensor = _attribute(gm, arg.target)
+            scheme, packed = self._packed(tensor)
+            names = _register(gm, arg.target, packed)
+            added += names.values()
+            with gm.graph.inserting_before(call):
+                args += [gm.graph.get_attr(name) for name in names.values()]
+            inputs, anchor = {}, placeholder
+            for key in names:
+                with segment.graph.inserting_after(anchor):
+                    inputs[key] = anchor = segment.graph.placeholder(f"{placeholder.name}_{key}")
+            for linear in list(placeholder.users):
+                replaced.append(linear.name)
+                _replace_linear(segment.graph, linear, scheme, inputs, tensor.shape)
+            segment.graph.erase_node(placeholder)
+        call.args = tuple(args)
+        return replaced, added
+
+    def _weight_input(self, gm: fx.GraphModule, arg, placeholder: fx.Node) -> bool:
+        return (isinstance(arg, fx.Node) and arg.op == "get_attr" and self._quantizes(_attribute(gm, arg.target))
+                and bool(placeholder.users)
+                and all(_is_linear(user) and user.args[1] is placeholder and user.args[0] is not placeholder
+                        for user in placeholder.users))
+
+
+def _is_linear(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target == aten.linear.default
+
+
+def _register(module: fx.GraphModule, weight: str, packed: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The packed tensors as buffers beside `weight` (`…proj.weight_qweight`, …), by key."""
+    owner_path, _, leaf = weight.rpartition(".")
+    owner = module.get_submodule(owner_path)
+    names = {}
+    for key, value in packed.items():
+        buffer = f"{leaf}_{key}"
+        if not hasattr(owner, buffer):
+            owner.register_buffer(buffer, value)
+        names[key] = f"{owner_path}.{buffer}" if owner_path else buffer
+    return names
+
+
+def _replace_linear(graph: fx.Graph, linear: fx.Node, scheme: Scheme, packed: dict[str, fx.Node],
+                    shape: torch.Size) -> None:
+    """`linear` as reshape → quantized matmul → reshape (+ bias), with `linear`'s metadata."""
+    x = linear.args[0]
+    bias = linear.args[2] if len(linear.args) > 2 else None
+    out_features, in_features = shape
+    rank = linear.meta["val"].dim() if "val" in linear.meta else 3
+    call = graph.call_function
+    with graph.inserting_before(linear):
+        made = [rows := call(aten.reshape.default, (x, [-1, in_features]))]
+        op, args = scheme.call_args(rows, packed)
+        made.append(result := call(op, args))
+        if rank != 2:
+            made += (leading := [call(aten.sym_size.int, (x, dim)) for dim in range(rank - 1)])
+            made.append(result := call(aten.reshape.default, (result, [*leading, out_features])))
+        if bias is not None:
+            made.append(result := call(aten.add.Tensor, (result, bias)))
+    for node in made:
+        if "nn_module_stack" in linear.meta:
+            node.meta["nn_module_stack"] = linear.meta["nn_module_stack"]
+    result.meta.update({k: v for k, v in linear.meta.items() if k not in ("val", "tensor_meta")})
+    linear.replace_all_uses_with(result)
+    graph.erase_node(linear)
+
+
+def _graph_modules(gm: fx.GraphModule) -> dict[str, fx.GraphModule]:
+    """`gm` and the graph modules its graph calls (segments), by dotted prefix."""
+    found = {"": gm}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            child = gm.get_submodule(node.target)
+            if isinstance(child, fx.GraphModule):
+                found[f"{node.target}."] = child
+    return found
+
+
+def _attribute(module: torch.nn.Module, dotted: str) -> torch.Tensor:
+    owner_path, _, leaf = dotted.rpartition(".")
+    return getattr(module.get_submodule(owner_path), leaf)

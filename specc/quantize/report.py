@@ -1,0 +1,57 @@
+"""The manifest's `quantization` entry: the scheme, what it packed, and what it costs."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from specc.graph.serialize import graph_attributes
+from specc.quantize.quality import quantization_quality
+from specc.quantize.schemes import Scheme
+
+PACKED_SUFFIXES = ("_qweight", "_scales", "_scales_and_zeros")   # `quantize_linear_weights`' buffer names
+
+
+def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
+    """Every packed weight the graph (segments included) reads: data_ptr -> (kind, its bytes
+    with its scales, the bytes it had unquantized in the scales' dtype)."""
+    tensors = graph_attributes(gm)
+    found = {}
+    for name, qweight in tensors.items():
+        if not name.endswith("_qweight"):
+            continue
+        stem = name[: -len("_qweight")]
+        scales = next(tensors[stem + suffix] for suffix in PACKED_SUFFIXES[1:] if stem + suffix in tensors)
+        kind = "int8" if qweight.dtype == torch.int8 else "int4"
+        rows, columns = qweight.shape
+        features = rows * columns * (2 if kind == "int4" else 1)
+        found[qweight.data_ptr()] = (kind, _bytes(qweight) + _bytes(scales), features * scales.element_size())
+    return found
+
+
+def quantization_report(program, scheme: Scheme, model: torch.nn.Module, tokenizer) -> dict:
+    weights = {}
+    for graph in program.graphs.values():
+        weights.update(quantized_weights(graph.module))
+    kinds = sorted({kind for kind, _, _ in weights.values()})
+    return {
+        **scheme.to_json(),
+        "linear_weights": {kind: sum(1 for k, _, _ in weights.values() if k == kind) for kind in kinds},
+        "bytes": {"quantized": sum(b for _, b, _ in weights.values()),
+                  "unquantized": sum(b for _, _, b in weights.values())},
+        "quality": quantization_quality(model, tokenizer, scheme),
+    }
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def describe_quantization(quantization: dict) -> str:
+    """One line on what quantization packed, saved and cost (the manifest's `quantization`)."""
+    sizes, quality = quantization["bytes"], quantization["quality"]
+    counts = ", ".join(f"{count} {kind}" for kind, count in quantization["linear_weights"].items())
+    return (f"quantized {quantization['scheme']} ({quantization['granularity']}): linear weights {counts}, "
+            f"{sizes['unquantized'] / 1e6:.1f} MB -> {sizes['quantized'] / 1e6:.1f} MB; top-1 agreement with "
+            f"the unquantized model {quality['top1_agreement']:.1%} over {quality['tokens']} held-out tokens, "
+            f"perplexity {quality['perplexity']['reference']} -> {quality['perplexity']['quantized']}")

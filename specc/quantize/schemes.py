@@ -1,0 +1,107 @@
+"""Weight-only quantization schemes PyTorch ships CPU kernels for.
+
+* ``int8``: symmetric, one scale per output channel, ``aten._weight_int8pack_mm``.
+* ``int4`` (groups of 128 input features; ``int4-g32`` … ``int4-g256`` choose the
+  group): asymmetric min/max per group, ``aten._weight_int4pack_mm_for_cpu``, which
+  computes ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. A weight the int4
+  kernel cannot take (input features not a multiple of the group, output features
+  not a multiple of 16) falls back to ``int8``.
+
+Activations stay in the engine's dtype; scales and zeros are stored in it too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from specc.errors import UsageError
+
+aten = torch.ops.aten
+
+INT4_GROUPS = (32, 64, 128, 256)
+DEFAULT_INT4_GROUP = 128
+SCHEMES = ("int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
+INT4_ROWS_MULTIPLE = 16   # output features per block of the CPU int4 packing
+INT4_INNER_K_TILES = 1    # the CPU packing's only layout: two 4-bit values per byte
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A quantization scheme: `bits` 8 or 4, `group` input features per scale (None: per channel)."""
+
+    bits: int
+    group: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "int8" if self.bits == 8 else f"int4-g{self.group}"
+
+    def fits(self, weight: torch.Tensor) -> bool:
+        out_features, in_features = weight.shape
+        return self.bits == 8 or (in_features % self.group == 0 and out_features % INT4_ROWS_MULTIPLE == 0)
+
+    def pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The tensors the matmul reads, from a floating `[out, in]` weight."""
+        return pack_int8(weight) if self.bits == 8 else pack_int4(weight, self.group)
+
+    def matmul(self, rows: torch.Tensor, packed: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`rows [n, in]` (contiguous) times the weight's transpose: `[n, out]`."""
+        if self.bits == 8:
+            return aten._weight_int8pack_mm(rows, packed["qweight"], packed["scales"])
+        return aten._weight_int4pack_mm_for_cpu(rows, packed["qweight"], self.group, packed["scales_and_zeros"])
+
+    def call_args(self, rows, packed: dict) -> tuple:
+        """`(op, args)` of `matmul` for a graph, `packed` holding graph nodes."""
+        if self.bits == 8:
+            return aten._weight_int8pack_mm.default, (rows, packed["qweight"], packed["scales"])
+        return aten._weight_int4pack_mm_for_cpu.default, (rows, packed["qweight"], self.group,
+                                                          packed["scales_and_zeros"])
+
+    def to_json(self) -> dict:
+        return {"scheme": self.name, "bits": self.bits,
+                "granularity": "per output channel" if self.group is None else f"groups of {self.group} inputs"}
+
+
+INT8 = Scheme(8)
+
+
+def parse_scheme(text: str) -> Scheme:
+    """`int8`, `int4` or `int4-gN` (N one of `INT4_GROUPS`), else a `UsageError` listing them."""
+    if text == "int8":
+        return INT8
+    match = re.fullmatch(r"int4(?:-g(\d+))?", text)
+    group = int(match.group(1) or DEFAULT_INT4_GROUP) if match else None
+    if group not in INT4_GROUPS:
+        raise UsageError(f"unknown quantization {text!r}; choose from: {', '.join(SCHEMES)}")
+    return Scheme(4, group)
+
+
+def scheme_for(scheme: Scheme, weight: torch.Tensor) -> Scheme:
+    """`scheme`, or int8 where the int4 kernel cannot take `weight`'s shape."""
+    return scheme if scheme.fits(weight) else INT8
+
+
+def pack_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return {"qweight": qweight, "scales": scales.to(weight.dtype)}
+
+
+def pack_int4(weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    out_features, in_features = weight.shape
+    w = weight.detach().float().reshape(out_features, in_features // group, group)
+    low, high = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32)
+    qweight = aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_features, in_features), INT4_INNER_K_TILES)
+    zeros = low + 8 * scales   # the kernel subtracts 8 from every q
+    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
+    return {"qweight": qweight, "scales_and_zeros": scales_and_zeros.to(weight.dtype)}
+
+
+def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in packed.values())

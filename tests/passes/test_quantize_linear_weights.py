@@ -1,0 +1,116 @@
+"""quantize_linear_weights and its schemes: every linear of the target becomes a quantized matmul
+computing what the dequantized weight computes; segments get packed inputs; graphs of one program
+share one packed copy; the pass is idempotent and leaves a method's own weights alone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specc.contract.infrastructure import infrastructure_passes
+from specc.contract.program import graph_copy
+from specc.errors import UsageError
+from specc.methods.swift.insert_skip_branches import InsertSkipBranches
+from specc.passes.manager import run_passes
+from specc.passes.quantize_linear_weights import QuantizeLinearWeights
+from specc.quantize.report import quantized_weights
+from specc.quantize.schemes import INT8, SCHEMES, Scheme, parse_scheme, scheme_for
+from specc.testing.checkpoints import captured_tiny, run_cached_steps
+
+aten = torch.ops.aten
+
+
+def dequantized(scheme: Scheme, packed: dict, in_features: int) -> torch.Tensor:
+    """The weight the packed tensors stand for, by running the scheme's own kernel on the identity."""
+    return scheme.matmul(torch.eye(in_features), packed).T
+
+
+@pytest.mark.parametrize("name", ["int8", "int4-g32", "int4"])
+def test_a_packed_weight_computes_what_its_dequantized_weight_computes_and_is_close_to_the_original(name):
+    scheme = parse_scheme(name)
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    packed = scheme.pack(weight)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(scheme.matmul(x, packed), x @ dequantized(scheme, packed, 256).T,
+                               rtol=1e-4, atol=1e-4)
+    step = (weight.abs().amax() / 127) if scheme.bits == 8 else (weight.amax() - weight.amin()) / 15
+    assert (dequantized(scheme, packed, 256) - weight).abs().max() <= step / 2 + 1e-5
+
+
+def test_int4_falls_back_to_int8_where_its_kernel_cannot_take_the_shape():
+    int4 = parse_scheme("int4-g32")
+    assert scheme_for(int4, torch.zeros(64, 96)) == int4
+    assert scheme_for(int4, torch.zeros(64, 48)) == INT8     # inputs not a multiple of the group
+    assert scheme_for(int4, torch.zeros(40, 64)) == INT8     # outputs not a multiple of 16
+
+
+def test_unknown_schemes_are_refused_with_the_choices():
+    with pytest.raises(UsageError, match="int4-g32"):
+        parse_scheme("int3")
+    with pytest.raises(UsageError, match="choose from"):
+        parse_scheme("int4-g48")
+    assert {parse_scheme(name).name for name in SCHEMES} == {"int8", "int4-g32", "int4-g64", "int4-g128", "int4-g256"}
+
+
+@pytest.fixture(scope="module")
+def decoding_graph():
+    _, captured = captured_tiny("llama")
+    gm, _ = run_passes("target", captured.graph_module, infrastructure_passes())
+    return gm, captured.architecture
+
+
+def linears(gm) -> int:
+    return sum(1 for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+               for n in m.graph.nodes if n.op == "call_function" and n.target == aten.linear.default)
+
+
+def with_dequantized_weights(gm, scheme: Scheme):
+    """A copy of `gm` whose linear weights are what `scheme` packs them to, in floating point."""
+    copied = copy.deepcopy(gm)
+    with torch.no_grad():
+        for node in [n for n in copied.graph.nodes if n.target == aten.linear.default]:
+            weight = copied.get_parameter(node.args[1].target)
+            chosen = scheme_for(scheme, weight)
+            weight.copy_(dequantized(chosen, chosen.pack(weight), weight.shape[1]))
+    return copied
+
+
+@pytest.mark.parametrize("name", ["int8", "int4-g32"])
+def test_every_linear_becomes_a_quantized_matmul_computing_its_dequantized_weight(decoding_graph, name):
+    full, arch = decoding_graph
+    scheme = parse_scheme(name)
+    quantized, records = run_passes("target", copy.deepcopy(full), [QuantizeLinearWeights(scheme)])
+    assert linears(full) > 0 and linears(quantized) == 0
+    assert records[0].modified and len(records[0].replaced) == linears(full)
+    assert not any(name.endswith("proj.weight") for name, _ in quantized.named_parameters())
+    ids = torch.randint(0, arch.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    want = run_cached_steps(with_dequantized_weights(full, scheme), ids, [(0, 6), (6, 9)], arch)
+    torch.testing.assert_close(run_cached_steps(quantized, ids, [(0, 6), (6, 9)], arch), want,
+                               rtol=1e-4, atol=1e-4)
+    assert not QuantizeLinearWeights(scheme)(quantized).modified
+
+
+def test_segments_take_packed_inputs_and_compute_what_the_unsegmented_graph_computes(decoding_graph):
+    full, arch = decoding_graph
+    scheme = parse_scheme("int4-g32")
+    plain, _ = run_passes("target", copy.deepcopy(full), [QuantizeLinearWeights(scheme)])
+    segmented, records = run_passes("target", copy.deepcopy(full),
+                                    [InsertSkipBranches(), QuantizeLinearWeights(scheme)])
+    assert linears(segmented) == 0
+    assert any(name.startswith("prologue.") for name in records[-1].replaced)
+    ids = torch.randint(0, arch.vocab_size, (1, 7), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(run_cached_steps(segmented, ids, [(0, 7)], arch),
+                               run_cached_steps(plain, ids, [(0, 7)], arch))
+
+
+def test_graphs_of_one_program_share_one_packed_copy_and_only_the_chosen_weights_are_packed(decoding_graph):
+    full, _ = decoding_graph
+    store: dict = {}
+    head = full.get_parameter("lm_head.weight")
+    body_only = QuantizeLinearWeights(parse_scheme("int8"), quantizable=lambda t: t is not head, store=store)
+    first, _ = run_passes("a", graph_copy(full), [body_only])
+    second, _ = run_passes("b", graph_copy(full), [body_only])
+    assert quantized_weights(first).keys() == quantized_weights(second).keys() != set()
+    assert linears(first) == 1   # the LM head, left in its dtype
