@@ -91,7 +91,8 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, n
         none_engine = workdir / "none"
         compile_engine(CompileRequest(model=str(checkpoint), method="none", output=none_engine,
                                       backend=manifest["backend"], dtype=manifest["dtype"],
-                                      max_seq_len=int(manifest["max_seq_len"]), device=str(engine.device)))
+                                      max_seq_len=int(manifest["max_seq_len"]), device=str(engine.device),
+                                      quantize=quantization_scheme(manifest)))
     baseline = load_engine(none_engine, engine.backend.name, str(engine.device))
     _check_comparable(baseline.manifest, manifest, none_engine)
     return engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens)
@@ -104,3 +105,12 @@ def _check_comparable(baseline: dict, engine: dict, path: Path) -> None:
         if baseline[key] != engine[key]:
             raise UsageError(f"the baseline engine {path} has {key} {baseline[key]!r} but the engine under test "
                              f"has {engine[key]!r}; compile the baseline with the same settings")
+    if quantization_scheme(baseline) != quantization_scheme(engine):
+        raise UsageError(f"the baseline engine {path} has {quantization_scheme(baseline) or 'unquantized'} weights "
+                         f"but the engine under test {quantization_scheme(engine) or 'unquantized'} ones; compile "
+                         f"the baseline with the same --quantize")
+
+
+def quantization_scheme(manifest: dict) -> str | None:
+    """The engine's `--quantize` scheme (None: its weights are in its dtype)."""
+    return manifest.get("quantization", {}).get("scheme")

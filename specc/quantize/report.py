@@ -22,9 +22,10 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
             continue
         stem = name[: -len("_qweight")]
         scales = next(tensors[stem + suffix] for suffix in PACKED_SUFFIXES[1:] if stem + suffix in tensors)
-        kind = "int8" if qweight.dtype == torch.int8 else "int4"
         rows, columns = qweight.shape
-        features = rows * columns * (2 if kind == "int4" else 1)
+        inputs = columns if qweight.dtype == torch.int8 else 2 * columns
+        kind = "int8" if qweight.dtype == torch.int8 else f"int4-g{inputs // scales.shape[0]}"
+        features = rows * inputs
         found[qweight.data_ptr()] = (kind, _bytes(qweight) + _bytes(scales), features * scales.element_size())
     return found
 

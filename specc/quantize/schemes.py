@@ -3,9 +3,10 @@
 * ``int8``: symmetric, one scale per output channel, ``aten._weight_int8pack_mm``.
 * ``int4`` (groups of 128 input features; ``int4-g32`` … ``int4-g256`` choose the
   group): asymmetric min/max per group, ``aten._weight_int4pack_mm_for_cpu``, which
-  computes ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. A weight the int4
-  kernel cannot take (input features not a multiple of the group, output features
-  not a multiple of 16) falls back to ``int8``.
+  computes ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. A weight whose input
+  features the group does not divide takes the largest smaller group that does
+  (SmolLM2's 576 features: groups of 64), one whose output features are not a
+  multiple of 16 (or no group divides) falls back to ``int8``.
 
 Activations stay in the engine's dtype; scales and zeros are stored in it too.
 """
@@ -80,8 +81,11 @@ def parse_scheme(text: str) -> Scheme:
 
 
 def scheme_for(scheme: Scheme, weight: torch.Tensor) -> Scheme:
-    """`scheme`, or int8 where the int4 kernel cannot take `weight`'s shape."""
-    return scheme if scheme.fits(weight) else INT8
+    """`scheme`, or int4 in the largest smaller group that fits `weight`'s shape, or int8."""
+    if scheme.bits == 8:
+        return scheme
+    smaller = [Scheme(4, group) for group in reversed(INT4_GROUPS) if group <= scheme.group]
+    return next((candidate for candidate in smaller if candidate.fits(weight)), INT8)
 
 
 def pack_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -39,11 +39,13 @@ def test_a_packed_weight_computes_what_its_dequantized_weight_computes_and_is_cl
     assert (dequantized(scheme, packed, 256) - weight).abs().max() <= step / 2 + 1e-5
 
 
-def test_int4_falls_back_to_int8_where_its_kernel_cannot_take_the_shape():
+def test_int4_takes_a_smaller_group_or_int8_where_its_kernel_cannot_take_the_shape():
     int4 = parse_scheme("int4-g32")
     assert scheme_for(int4, torch.zeros(64, 96)) == int4
-    assert scheme_for(int4, torch.zeros(64, 48)) == INT8     # inputs not a multiple of the group
+    assert scheme_for(int4, torch.zeros(64, 48)) == INT8     # inputs not a multiple of any group
     assert scheme_for(int4, torch.zeros(40, 64)) == INT8     # outputs not a multiple of 16
+    assert scheme_for(parse_scheme("int4"), torch.zeros(64, 576)) == parse_scheme("int4-g64")   # SmolLM2's width
+    assert scheme_for(parse_scheme("int4"), torch.zeros(64, 1536)) == parse_scheme("int4")
 
 
 def test_unknown_schemes_are_refused_with_the_choices():
