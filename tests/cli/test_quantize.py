@@ -1,0 +1,48 @@
+"""`specc compile --quantize`: refusals before any work, the summary line, the manifest's record,
+`specc inspect`, and `specc run` on the engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specc.cli.main import main
+from specc.testing.checkpoints import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_tiny_checkpoint("llama", tmp_path_factory.mktemp("quantize") / "model")
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--quantize", "int4"], "needs --dtype bfloat16"),
+    (["--quantize", "int4", "--dtype", "bfloat16", "--backend", "onnx"], "runs on the eager, inductor, aoti backends"),
+    (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: int8, int4"),
+])
+def test_unservable_requests_are_refused_before_any_work(checkpoint, tmp_path, capsys, options, words):
+    code, _, err = run_cli(capsys, "compile", checkpoint, "--method", "none", "-o", tmp_path / "e", *options)
+    assert code == 2 and words in err
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_quantized_engine_says_what_it_packed_and_runs(checkpoint, tmp_path, capsys):
+    engine = tmp_path / "e"
+    code, out, _ = run_cli(capsys, "compile", checkpoint, "--method", "none", "--dtype", "bfloat16",
+                           "--quantize", "int8", "--max-seq-len", "64", "-o", engine)
+    assert code == 0 and "quantized int8 (per output channel): linear weights 22 int8" in out
+    record = json.loads((engine / "manifest.json").read_text())["quantization"]
+    assert record["scheme"] == "int8" and record["linear_weights"] == {"int8": 22}
+    assert record["bytes"]["quantized"] < 0.6 * record["bytes"]["unquantized"]
+    assert 0 <= record["quality"]["top1_agreement"] <= 1 and record["quality"]["tokens"] > 0
+    code, out, _ = run_cli(capsys, "inspect", engine)
+    assert code == 0 and "quantized int8" in out and "quantize_linear_weights" in out
+    code, out, _ = run_cli(capsys, "run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "8", "--json")
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 8
