@@ -214,7 +214,7 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(quantize, captured.graph_module, packed)] if quantize else []),
+                  *([_quantizer(quantize, captured, packed)] if quantize else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
@@ -222,10 +222,13 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
     return program
 
 
-def _quantizer(scheme: Scheme, captured: torch.nn.Module, packed: dict) -> QuantizeLinearWeights:
-    """The pass quantizing the weights `captured` holds (never a method's added ones)."""
-    frozen = {t.data_ptr() for t in [*captured.parameters(), *captured.buffers()]}
-    return QuantizeLinearWeights(scheme, quantizable=lambda tensor: tensor.data_ptr() in frozen, store=packed)
+def _quantizer(scheme: Scheme, captured, packed: dict) -> QuantizeLinearWeights:
+    """The pass quantizing the weights the `captured` model holds (never a method's added ones);
+    a weight with a row per vocabulary entry computes logits."""
+    module, vocab = captured.graph_module, captured.architecture.vocab_size
+    frozen = {t.data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    return QuantizeLinearWeights(scheme, quantizable=lambda tensor: tensor.data_ptr() in frozen, store=packed,
+                                 computes_logits=lambda tensor: tensor.shape[0] == vocab)
 
 
 def training_context(models: dict, method, config, max_seq_len: int, kernels: bool = False,

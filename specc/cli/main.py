@@ -86,7 +86,7 @@ def _add_compile(verbs):
                         "on CPU it computes the PyTorch reference)")
     p.add_argument("--quantize", metavar="SCHEME", default=None,
                    help="weight-only quantization of the model's linear layers (CPU, with --dtype bfloat16): "
-                        "int8 (per channel), int4 (groups of 128), int4-g32|g64|g128|g256")
+                        "int8 (per channel), int4 (groups of 32), int4-g64|g128|g256")
     _device_option(p, "the engine will run (training and ahead-of-time lowering run there too)")
     return p
 

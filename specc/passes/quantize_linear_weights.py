@@ -7,6 +7,7 @@ Each `aten.linear` whose weight is a frozen target tensor becomes
 with the packed tensors (`specc.quantize.schemes`) as buffers beside the weight they
 replace, which is dropped once no node reads it. Tensors are packed once per program:
 graphs over the same weight share one packed copy (`store`), so an engine stores it once.
+The weight computing the logits takes int8 under int4 schemes (`schemes.scheme_for`).
 Weights a method added (heads, adapters) keep their dtype: training fills them after the
 passes run. Runs on engine graphs after `select_logit_rows`, so the LM head it quantizes
 already computes only the rows asked for.
@@ -32,10 +33,12 @@ class QuantizeLinearWeights(GraphPass):
     name = "quantize_linear_weights"
 
     def __init__(self, scheme: Scheme, quantizable: Callable[[torch.Tensor], bool] | None = None,
-                 store: dict[WeightKey, tuple[Scheme, dict]] | None = None):
+                 store: dict[WeightKey, tuple[Scheme, dict]] | None = None,
+                 computes_logits: Callable[[torch.Tensor], bool] | None = None):
         self.scheme = scheme
         self.quantizable = quantizable or (lambda tensor: True)
         self.store = {} if store is None else store
+        self.computes_logits = computes_logits or (lambda tensor: False)
 
     def describe(self) -> dict:
         return self.scheme.to_json()
@@ -72,7 +75,7 @@ class QuantizeLinearWeights(GraphPass):
     def _packed(self, tensor: torch.Tensor) -> tuple[Scheme, dict]:
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
         if key not in self.store:
-            scheme = scheme_for(self.scheme, tensor)
+            scheme = scheme_for(self.scheme, tensor, logits=self.computes_logits(tensor))
             self.store[key] = scheme, scheme.pack(tensor)
         return self.store[key]
 

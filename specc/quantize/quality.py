@@ -61,10 +61,10 @@ def quantization_quality(model: torch.nn.Module, tokenizer, scheme: Scheme) -> d
 @contextlib.contextmanager
 def quantized_linears(model: torch.nn.Module, scheme: Scheme):
     """Every `nn.Linear` of `model` computing through `scheme`'s packed weight, restored on exit."""
-    swapped = []
+    swapped, vocab = [], model.config.vocab_size
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.is_floating_point():
-            chosen = scheme_for(scheme, module.weight)
+            chosen = scheme_for(scheme, module.weight, logits=module.out_features == vocab)
             module.forward = _quantized_forward(module, chosen, chosen.pack(module.weight))
             swapped.append(module)
     try:

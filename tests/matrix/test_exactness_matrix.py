@@ -66,8 +66,9 @@ def assert_exact(result) -> None:
 INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
 
 
-# The quantized column (`--quantize`): int4 in groups the tiny checkpoints' widths divide, so
-# every linear takes the int4 kernel; int8 and the compiled backends run with -m slow.
+# The quantized column (`--quantize`): int4 in groups of 32, which the tiny checkpoints' widths
+# divide, so every linear but the LM head (int8) takes the int4 kernel; int8 and the compiled
+# backends run with -m slow.
 QUANTIZED = "int4-g32"
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
 

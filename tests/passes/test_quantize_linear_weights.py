@@ -44,8 +44,9 @@ def test_int4_takes_a_smaller_group_or_int8_where_its_kernel_cannot_take_the_sha
     assert scheme_for(int4, torch.zeros(64, 96)) == int4
     assert scheme_for(int4, torch.zeros(64, 48)) == INT8     # inputs not a multiple of any group
     assert scheme_for(int4, torch.zeros(40, 64)) == INT8     # outputs not a multiple of 16
-    assert scheme_for(parse_scheme("int4"), torch.zeros(64, 576)) == parse_scheme("int4-g64")   # SmolLM2's width
-    assert scheme_for(parse_scheme("int4"), torch.zeros(64, 1536)) == parse_scheme("int4")
+    assert scheme_for(parse_scheme("int4-g128"), torch.zeros(64, 576)) == parse_scheme("int4-g64")  # SmolLM2's width
+    assert scheme_for(parse_scheme("int4-g128"), torch.zeros(64, 1536)) == parse_scheme("int4-g128")
+    assert scheme_for(parse_scheme("int4"), torch.zeros(64, 1536), logits=True) == INT8   # the LM head
 
 
 def test_unknown_schemes_are_refused_with_the_choices():
@@ -54,6 +55,7 @@ def test_unknown_schemes_are_refused_with_the_choices():
     with pytest.raises(UsageError, match="choose from"):
         parse_scheme("int4-g48")
     assert {parse_scheme(name).name for name in SCHEMES} == {"int8", "int4-g32", "int4-g64", "int4-g128", "int4-g256"}
+    assert parse_scheme("int4") == parse_scheme("int4-g32")
 
 
 @pytest.fixture(scope="module")
