@@ -20,11 +20,13 @@ from specc.graph.nodes import attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
+from specc.lower.row_padding import EXACT_ROWS
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
+from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
 from specc.quantize.schemes import Scheme, parse_scheme
@@ -214,7 +216,7 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(quantize, captured, packed)] if quantize else []),
+                  *([_quantizer(quantize, captured, packed), PadAttentionRows(EXACT_ROWS)] if quantize else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)

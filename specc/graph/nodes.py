@@ -10,6 +10,7 @@ import torch.fx as fx
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 ATTENTION_WINDOW = "specc_attention_window"   # an attention call's meta: its layer's sliding window (capture)
 WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window it hides keys beyond
+PADDED_ROWS = "specc_padded_rows"             # an attention call's meta: the query rows it always runs (at least)
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
@@ -73,3 +74,21 @@ def attribute(root: torch.nn.Module, target: str) -> torch.Tensor:
 
 def output_node(graph: fx.Graph) -> fx.Node:
     return next(n for n in reversed(graph.nodes) if n.op == "output")
+
+
+def rows_computed_alike(gm: fx.GraphModule) -> int | None:
+    """The row count up to which `gm` computes every row alike whatever the call's row count,
+    or None. A graph qualifies when every matmul with weights is a quantized kernel (no
+    `aten.linear` left: those compute a row the same way at any row count) and every
+    attention call pads its query rows itself (`passes/pad_attention_rows.py`); segmented
+    graphs do not (their segments are lowered apart)."""
+    if not weights_all_quantized(gm):
+        return None
+    padded = {n.meta.get(PADDED_ROWS) for n in attention_nodes(gm.graph)}
+    return padded.pop() if len(padded) == 1 and None not in padded else None
+
+
+def weights_all_quantized(gm: fx.GraphModule) -> bool:
+    """No `aten.linear` left (bfloat16 GEMMs round a row by the call's row count) and no segments."""
+    return not any(n.op == "call_module" or (n.op == "call_function" and n.target == torch.ops.aten.linear.default)
+                   for n in gm.graph.nodes)

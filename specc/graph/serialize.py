@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import ATTENTION_WINDOW, WINDOWED_MASK, attribute
+from specc.graph.nodes import ATTENTION_WINDOW, PADDED_ROWS, WINDOWED_MASK, attribute
 
 FORMAT = "specc-fx-graph/1"
 _OP_NAMESPACES = ("aten", "prims", "specc")
@@ -146,7 +146,7 @@ def _decode(value, env: dict[str, fx.Node]):
     raise SpeccError(f"unknown encoded value kind {kind!r} in engine graph")
 
 
-PERSISTED_META = ("specc_role", "specc_io", "specc_outputs", ATTENTION_WINDOW, WINDOWED_MASK)
+PERSISTED_META = ("specc_role", "specc_io", "specc_outputs", ATTENTION_WINDOW, WINDOWED_MASK, PADDED_ROWS)
 
 
 def _encode_meta(meta: dict) -> dict:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
-from specc.lower.row_padding import exact_in_reduced_precision, exact_rows_for
+from specc.graph.nodes import rows_computed_alike
+from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for
 
 
 class EagerBackend(Backend):
@@ -15,7 +16,8 @@ class EagerBackend(Backend):
     cuda_graphs = True
 
     def load(self, target, artifacts, manifest):
-        return exact_in_reduced_precision(target.module, target)
+        alike = rows_computed_alike(target.module) == EXACT_ROWS
+        return exact_in_reduced_precision(target.module, target, rows_alike=alike)
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """bfloat16 calls of fewer rows run padded (`specc.lower.row_padding`): unpadded,

@@ -109,9 +109,11 @@ def padding_for(signature, rows: int) -> RowPadding | None:
                       axes_named(signature.outputs, LOGIT_ROWS_DIM))
 
 
-def exact_in_reduced_precision(forward, target):
-    """`forward` padded to `EXACT_ROWS` rows when the target runs in bfloat16."""
-    padding = row_padding(target) if target.dtype == torch.bfloat16 else None
+def exact_in_reduced_precision(forward, target, rows_alike: bool = False):
+    """`forward` padded to `EXACT_ROWS` rows when the target runs in bfloat16, unless
+    `rows_alike`: the graph computes every row alike up to that many rows by itself
+    (quantized weights, attention padded inside: `graph.nodes.rows_computed_alike`)."""
+    padding = row_padding(target) if target.dtype == torch.bfloat16 and not rows_alike else None
     return forward if padding is None else PaddedRows(forward, padding)
 
 
