@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
            "engines": {name: {"path": str(engine.path), "method": engine.manifest["method"],
                               "method_config": engine.manifest["method_config"],
                               "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
+                              "quantization": engine.manifest.get("quantization"),
                               "compile_seconds": engine.manifest.get("compile_seconds")}
                        for name, engine in zip(names, engines)},
            "peers": {peer.name: peer.describe() for peer in peers},
@@ -158,8 +159,9 @@ def markdown(doc: dict) -> str:
         alpha = "—" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.3f}"
         settings_text = ", ".join(f"{k}={v}" for k, v in engine["method_config"].items()
                                   if k not in ("draft_model", "calib_data", "version") and v not in (None, "", 0))
+        weights = f", {engine['quantization']['scheme']} weights" if engine.get("quantization") else ""
         lines.append(f"| {engine['method']}{f' ({settings_text})' if settings_text else ''} | {engine['backend']}, "
-                     f"{engine['dtype']} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
+                     f"{engine['dtype']}{weights} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
                      f"{speedup['median']:.2f}x | {_figure(row['mean_accepted_length'])} | {alpha} | "
                      f"{row['identical_to_reference']} |")
     lines += [""] + [f"note: {note}" for note in doc["notes"]]
