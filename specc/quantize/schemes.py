@@ -1,17 +1,17 @@
 """Weight-only quantization schemes PyTorch ships CPU kernels for.
 
 * ``int8``: symmetric, one scale per output channel, ``aten._weight_int8pack_mm``.
-* ``int4`` (groups of 32 input features, the blocks of GGUF's 4-bit types, so a
-  4-bit GGUF's weights are re-packed at their own granularity; ``int4-g64`` …
-  ``int4-g256`` choose coarser groups, faster and less exact): asymmetric min/max per group, ``aten._weight_int4pack_mm_for_cpu``, which
-  computes ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. A weight whose input
-  features the group does not divide takes the largest smaller group that does
-  (SmolLM2's 576 features: groups of 64), one whose output features are not a
-  multiple of 16 (or no group divides) falls back to ``int8``. The LM head keeps
-  8 bits under int4, as llama.cpp's Q4_K_M keeps it at 6: on SmolLM2 (a Q4_1
-  GGUF) int4 in groups of 32 everywhere agreed with the unquantized model's next
-  token 81.7% of the time, the same with an int8 head 96.9%
-  ([quantization.md](../../docs/quantization.md#measured)).
+* ``int4``: asymmetric min/max per group of 32 input features (the blocks of
+  GGUF's 4-bit types, so a 4-bit GGUF is re-packed at its own granularity;
+  ``int4-g64`` … ``int4-g256`` choose coarser groups, faster and less exact),
+  ``aten._weight_int4pack_mm_for_cpu``, which computes ``w = (q - 8) * scale +
+  zero`` with ``q`` in 0..15. A weight whose input features the group does not
+  divide takes the largest smaller group that does (SmolLM2's 576 under
+  int4-g128: groups of 64); one whose output features are not a multiple of 16
+  (or that no group fits) falls back to ``int8``. The LM head keeps 8 bits under
+  int4, as llama.cpp's Q4_K_M keeps it at 6: on SmolLM2 (a Q4_1 GGUF) int4 in
+  groups of 32 everywhere agreed with the unquantized model's next token 81.7%
+  of the time, with an int8 head 96.9% (docs/quantization.md#measured).
 
 Activations stay in the engine's dtype; scales and zeros are stored in it too.
 """
