@@ -3,11 +3,10 @@
 In bfloat16 a call's row count changes how the CPU kernels round a row, so the
 runtime runs every call of fewer than `EXACT_ROWS` rows padded to that many
 (`lower/row_padding.py`) and a verification rounds like a decode step. On a
-quantized engine (`quantize_linear_weights`) that padding costs most of what the
+quantized engine (`quantize_linear_weights`) that padding costs much of what the
 quantized matmuls save: the weight-only kernels compute a row the same way at any
-row count (bit for bit, 1–40 rows, on Qwen2.5-Coder-1.5B's shapes) but take 1.75×
-as long for four rows as for one, and of the rest of the graph only attention
-rounds rows differently. So, once every linear is quantized, this pass pads where
+row count but take longer for four rows than for one, and of the rest of the graph
+only attention rounds rows differently (measurements: docs/quantization.md). So, once every linear is quantized, this pass pads where
 it matters only:
 
     pad  = max(rows - q, 0)

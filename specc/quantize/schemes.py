@@ -9,9 +9,8 @@
   divide takes the largest smaller group that does (SmolLM2's 576 under
   int4-g128: groups of 64); one whose output features are not a multiple of 16
   (or that no group fits) falls back to ``int8``. The LM head keeps 8 bits under
-  int4, as llama.cpp's Q4_K_M keeps it at 6: on SmolLM2 (a Q4_1 GGUF) int4 in
-  groups of 32 everywhere agreed with the unquantized model's next token 81.7%
-  of the time, with an int8 head 96.9% (docs/quantization.md#measured).
+  int4, as llama.cpp's Q4_K_M keeps it at 6: a tied head is the embedding table,
+  which 4-bit GGUFs store in 6 or 8 bits (what it costs: docs/quantization.md#measured).
 
 Activations stay in the engine's dtype; scales and zeros are stored in it too.
 """
