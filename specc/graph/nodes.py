@@ -78,8 +78,8 @@ def output_node(graph: fx.Graph) -> fx.Node:
 
 def rows_computed_alike(gm: fx.GraphModule) -> int | None:
     """The row count up to which `gm` computes every row alike whatever the call's row count,
-    or None. A graph qualifies when every matmul with weights is a quantized kernel (no
-    `aten.linear` left: those compute a row the same way at any row count) and every
+    or None. A graph qualifies when every matmul with weights is a quantized kernel (those
+    compute a row the same way at any row count; no `aten.linear` is left) and every
     attention call pads its query rows itself (`passes/pad_attention_rows.py`); segmented
     graphs do not (their segments are lowered apart)."""
     if not weights_all_quantized(gm):
@@ -90,5 +90,8 @@ def rows_computed_alike(gm: fx.GraphModule) -> int | None:
 
 def weights_all_quantized(gm: fx.GraphModule) -> bool:
     """No `aten.linear` left (bfloat16 GEMMs round a row by the call's row count) and no segments."""
-    return not any(n.op == "call_module" or (n.op == "call_function" and n.target == torch.ops.aten.linear.default)
-                   for n in gm.graph.nodes)
+    return not any(n.op == "call_module" or is_linear(n) for n in gm.graph.nodes)
+
+
+def is_linear(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target == torch.ops.aten.linear.default

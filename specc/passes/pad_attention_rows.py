@@ -6,8 +6,8 @@ runtime runs every call of fewer than `EXACT_ROWS` rows padded to that many
 quantized engine (`quantize_linear_weights`) that padding costs much of what the
 quantized matmuls save: the weight-only kernels compute a row the same way at any
 row count but take longer for four rows than for one, and of the rest of the graph
-only attention rounds rows differently (measurements: docs/quantization.md). So, once every linear is quantized, this pass pads where
-it matters only:
+only attention rounds rows differently (measurements: docs/quantization.md). So,
+once every linear is quantized, this pass pads where it matters only:
 
     pad  = max(rows - q, 0)
     out  = sdpa(cat([query, last query row repeated pad times]), …, cat([mask, last mask row …]))[:, :, :q]

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from specc.graph.nodes import attribute, is_linear
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.quantize.schemes import Scheme, scheme_for
@@ -68,9 +69,9 @@ class QuantizeLinearWeights(GraphPass):
 
     def _reads_attribute(self, module: fx.GraphModule, node: fx.Node) -> bool:
         """A linear whose weight is a get_attr of a tensor this pass quantizes."""
-        weight = node.args[1] if _is_linear(node) else None
+        weight = node.args[1] if is_linear(node) else None
         return (isinstance(weight, fx.Node) and weight.op == "get_attr"
-                and self._quantizes(_attribute(module, weight.target)))
+                and self._quantizes(attribute(module, weight.target)))
 
     def _packed(self, tensor: torch.Tensor) -> tuple[Scheme, dict]:
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
@@ -82,7 +83,7 @@ class QuantizeLinearWeights(GraphPass):
     def _quantize_attribute(self, module: fx.GraphModule, linear: fx.Node, prefix: str) -> list[str]:
         """`linear` reading its weight through get_attr: the packed tensors read the same way."""
         weight = linear.args[1]
-        tensor = _attribute(module, weight.target)
+        tensor = attribute(module, weight.target)
         scheme, packed = self._packed(tensor)
         names = _register(module, weight.target, packed)
         with module.graph.inserting_before(linear):
@@ -102,7 +103,7 @@ class QuantizeLinearWeights(GraphPass):
             if not self._weight_input(gm, arg, placeholder):
                 args.append(arg)
                 continue
-            tensor = _attribute(gm, arg.target)
+            tensor = attribute(gm, arg.target)
             scheme, packed = self._packed(tensor)
             names = _register(gm, arg.target, packed)
             added += names.values()
@@ -120,14 +121,10 @@ class QuantizeLinearWeights(GraphPass):
         return replaced, added
 
     def _weight_input(self, gm: fx.GraphModule, arg, placeholder: fx.Node) -> bool:
-        return (isinstance(arg, fx.Node) and arg.op == "get_attr" and self._quantizes(_attribute(gm, arg.target))
+        return (isinstance(arg, fx.Node) and arg.op == "get_attr" and self._quantizes(attribute(gm, arg.target))
                 and bool(placeholder.users)
-                and all(_is_linear(user) and user.args[1] is placeholder and user.args[0] is not placeholder
+                and all(is_linear(user) and user.args[1] is placeholder and user.args[0] is not placeholder
                         for user in placeholder.users))
-
-
-def _is_linear(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target == aten.linear.default
 
 
 def _register(module: fx.GraphModule, weight: str, packed: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -177,8 +174,3 @@ def _graph_modules(gm: fx.GraphModule) -> dict[str, fx.GraphModule]:
             if isinstance(child, fx.GraphModule):
                 found[f"{node.target}."] = child
     return found
-
-
-def _attribute(module: torch.nn.Module, dotted: str) -> torch.Tensor:
-    owner_path, _, leaf = dotted.rpartition(".")
-    return getattr(module.get_submodule(owner_path), leaf)
