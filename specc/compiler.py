@@ -30,6 +30,7 @@ from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
 from specc.quantize.schemes import Scheme, parse_scheme
+from specc.runtime.lookup_branches import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter, ticking
 from specc.train.dtype import matmul_seconds, training_dtype
@@ -72,6 +73,7 @@ def validate(request: CompileRequest):
         if not getattr(config, source.config_field):
             raise UsageError(f"method {method.name!r} compiles a {source.name} checkpoint too; "
                              f"pass it with --set {source.config_field}=DIR")
+    check_composition(config)
     check_output_dir(request.output, request.force)
     checkpoint = resolve_checkpoint(request.model)
     if method.validate is not None:   # the method's own checks against config.json: no weights load
@@ -113,6 +115,9 @@ def compile_engine(request: CompileRequest) -> dict:
     if method.prepare is not None:
         with progress.stage(f"preparing {method.name}'s data"):
             method_state = {**method_state, **method.prepare(config, tokenizer)}
+    if lookup_corpus_requested(config):
+        with progress.stage("tokenizing the lookup corpus"):
+            method_state = {**method_state, **lookup_corpus_state(config, tokenizer)}
     scheme = parse_scheme(request.quantize) if request.quantize else None
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,

@@ -69,6 +69,29 @@ class OptimizerOptions(OptionBlock):
 
 
 @dataclass(frozen=True)
+class CompositionOptions(OptionBlock):
+    """Other drafters sharing the method's draft tree (`specc.runtime.compose`): the n-gram
+    continuation of the context (prompt lookup), and that of a corpus of text compiled into the
+    engine. A method config inherits this block when its drafter composes (`composable`); the
+    engine then builds the branches around the method's drafter (`specc.runtime.lookup_branches`)."""
+
+    lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
+                                 "another branch of the same tree")
+    lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches")
+    lookup_tokens: int = option(8, "most tokens the lookup and corpus branches draft")
+    lookup_corpus: str = option("", "text the target wrote (comma-separated `specc distill-data` JSONL files, "
+                                    "or other JSONL/text files), tokenized into the engine at compile time: "
+                                    "its n-gram continuations are another branch of the tree (up to "
+                                    "lookup_tokens tokens); empty: none")
+
+    def __post_init__(self):
+        _check(1 <= self.lookup_max_ngram <= 16, f"lookup_max_ngram={self.lookup_max_ngram} must be between "
+                                                 f"1 and 16")
+        _check(1 <= self.lookup_tokens <= 64, f"lookup_tokens={self.lookup_tokens} must be between 1 and 64")
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
 class CalibrationOptions(OptionBlock):
     """The text a method trains or calibrates on at compile time. Whether the file exists is
     checked by the method's `validate` (`specc.contract.validation.check_data_file`), before

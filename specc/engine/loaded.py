@@ -24,6 +24,7 @@ from specc.lower.registry import get_backend
 from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
+from specc.runtime.lookup_branches import engine_runtime
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
@@ -72,7 +73,7 @@ class LoadedEngine:
             lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device)
         try:
             with _tensor_kind_of_the_warm_up(backend):
-                self.runtime = self.method.build_runtime(self.context, self.config)
+                self.runtime = engine_runtime(self.method, self.context, self.config)
         except torch.OutOfMemoryError as exc:
             raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}") from None
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0

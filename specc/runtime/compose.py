@@ -8,6 +8,9 @@ any branch offered (greedy), and a lookup drafter's long copied spans ride
 along with a model drafter's guesses at no extra target call. The primary
 branch (the first) keeps its whole draft and node order; the others' new
 nodes follow by depth, as many as `DraftBudget.max_nodes` leaves room for.
+So the primary's `Draft.extras` (tensors its method's own target reads, indexed
+by its nodes) still name the same nodes, and the verified draft keeps them
+whenever the primary's nodes are in it; the other branches draft tokens alone.
 
 Two kinds of draft are not merged:
 - Under `DraftBudget.chain_only` (engines whose verification is exact for
@@ -31,8 +34,8 @@ branch's chain), its acceptance and its verification, not the draft the
 branch proposed. A branch that learns from rounds reads them from the draft
 it is shown: the accepted tokens are `draft.node_tokens[acceptance.path]`,
 and verification rows are indexed by that draft's nodes, never by indices
-into its own proposal. Its drafts carry no `Draft.extras` (the merged tree
-goes to the plain target, which would drop them).
+into its own proposal (`specc.runtime.draft_follower` keeps such state for
+model-backed drafters). Only the primary's drafts may carry `Draft.extras`.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ class ComposedDrafter:
                     f"class once its observe reads each round from the draft it is shown "
                     f"(see specc.runtime.compose)")
         self.branches = dict(branches)
+        self.primary = next(iter(branches))
         self.measured = {name: DepthAcceptance() for name in branches}
         self.counts = {name: BranchCounts() for name in branches}
         self.accepted_tokens = 0
@@ -187,11 +191,11 @@ class ComposedDrafter:
             draft = self.branches[name].propose(tokens, budget, sampling, generator)
             if draft is None:
                 continue
-            if draft.extras:
+            if draft.extras and name != self.primary:
                 raise SpeccError(
                     f"branch {name!r} drafted a tree carrying method tensors (Draft.extras: "
-                    f"{', '.join(draft.extras)}), which a merged draft cannot keep: the plain target verifies "
-                    f"it. Compose only drafters whose drafts are tokens alone")
+                    f"{', '.join(draft.extras)}), which only the primary branch ({self.primary!r}) may: "
+                    f"its nodes keep their indices in a merged draft, another branch's do not")
             drafts[name] = draft
             self.counts[name].rounds_drafted += 1
             if budget.chain_only and not draft.sampled_chain:
@@ -256,7 +260,9 @@ class ComposedDrafter:
 def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     """The trie of `drafts` under their shared root: the first draft's nodes in its order, then
     the others' new nodes by depth (parents still come first), at most `max_nodes` in all. It
-    carries no `node_scores`: the branches' estimates are not of one scale."""
+    keeps the first draft's `extras`, whose nodes keep their indices (`max_nodes` is the budget
+    that draft was proposed within), and carries no `node_scores`: the branches' estimates are
+    not of one scale."""
     root = int(drafts[0].node_tokens[0])
     parent, tokens, depth, owner = [-1], [root], [0], [0]
     known: dict[tuple[int, int], int] = {}     # (merged parent, token) -> merged node
@@ -280,7 +286,8 @@ def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     index = {node: i for i, node in enumerate(kept)}
     parents = tuple(-1 if node == 0 else index[parent[node]] for node in kept)
     return Draft(tree=tree_from_parents(parents),
-                 node_tokens=torch.tensor([tokens[node] for node in kept], device=drafts[0].node_tokens.device))
+                 node_tokens=torch.tensor([tokens[node] for node in kept], device=drafts[0].node_tokens.device),
+                 extras=dict(drafts[0].extras))
 
 
 def first_child_path(parent: tuple[int, ...]) -> list[int]:

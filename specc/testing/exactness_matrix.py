@@ -39,6 +39,8 @@ METHOD_SETTINGS: dict[str, list[str]] = {
     "eagle": [*_TRAIN, "train_steps=20", "eval_every=20", "draft_vocab_size=48", "tree_width=2", "tree_nodes=8"],
 }
 METHODS = tuple(METHOD_SETTINGS)   # every registered lossless method, `none` first
+# The methods whose drafter composes with the lookup branches (`CompositionOptions`).
+COMPOSABLE = ("draft-model", "kangaroo", "eagle")
 TRAINED = ("kangaroo", "firp", "s3d", "specee", "eagle")   # take calibration text the target samples
 
 
@@ -49,10 +51,12 @@ class Cell:
     backend: str
     dtype: str = "float32"
     quantize: str | None = None   # weight-only quantization (`specc compile --quantize`)
+    lookup: bool = False          # with the n-gram branch in the method's tree (`--set lookup=true`)
 
     @property
     def label(self) -> str:
-        return f"{self.method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
+        method = f"{self.method}+lookup" if self.lookup else self.method
+        return f"{method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
         settings.append(f"draft_model={draft}")
     if cell.method in TRAINED:
         settings.append(f"calib_data={calib}")
+    if cell.lookup:
+        settings += ["lookup=true", "lookup_max_ngram=2"]
     compile_engine(CompileRequest(model=str(target), method=cell.method, output=output, backend=cell.backend,
                                   dtype=cell.dtype, max_seq_len=MAX_SEQ_LEN, force=True, settings=settings,
                                   quantize=cell.quantize))

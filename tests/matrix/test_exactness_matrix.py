@@ -5,8 +5,9 @@ bfloat16, or refused at compile time with a reason.
 Fast by default: every method on two quirky families in eager (each with Mistral's sliding
 window, the quirk that broke SpecEE) and on the two that interleave sliding-window and full
 layers (Gemma 3, Qwen2 with max_window_layers), `none` on every family under inductor and onnx,
-and every method with int4 weights (`--quantize`) in bfloat16 on one family against its quantized
-`none`. `-m slow` runs the whole matrix: every method × family × backend in float32, every
+every method with int4 weights (`--quantize`) in bfloat16 on one family against its quantized
+`none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
+float32 and bfloat16. `-m slow` runs the whole matrix: every method × family × backend in float32, every
 method × backend in bfloat16 on one family, and the quantized column with int4 and int8 weights
 under eager, inductor and aoti. `benchmarks/matrix.py` prints it as a table.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from specc.runtime.sampling import SamplingConfig
-from specc.testing.exactness_matrix import (BACKENDS, MAX_NEW_TOKENS, METHODS, Cell, QuirkyCheckpoints, cell_engine,
+from specc.testing.exactness_matrix import (BACKENDS, COMPOSABLE, MAX_NEW_TOKENS, METHODS, Cell, QuirkyCheckpoints, cell_engine,
                                             prompts, run_cell)
 from specc.testing.checkpoints import QUIRKY_MODELS
 
@@ -77,7 +78,9 @@ def fast_cells() -> list[Cell]:
     methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m], *INTERLEAVED)]
     backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in QUIRKY_MODELS]
     quantized = [Cell(m, BFLOAT16_FAMILY, "eager", "bfloat16", QUANTIZED) for m in METHODS if m != "none"]
-    return methods + backends + quantized
+    composed = [Cell(m, f, "eager", dtype, lookup=True) for m in COMPOSABLE
+                for f, dtype in (("mistral", "float32"), (BFLOAT16_FAMILY, "bfloat16"))]
+    return methods + backends + quantized + composed
 
 
 def slow_cells() -> list[Cell]:
@@ -118,6 +121,14 @@ def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_o
         assert reusing.token_ids == fresh.token_ids, f"{method}: prompt {turn}"
         assert (reusing.stats.drafted_tokens, reusing.stats.target_forward_passes) == \
             (fresh.stats.drafted_tokens, fresh.stats.target_forward_passes), f"{method}: the same rounds"
+
+
+def test_the_composed_column_covers_every_method_whose_drafter_composes(prompt_lookup_method):
+    from specc.contract.descriptor import get_method
+    from specc.contract.options import CompositionOptions
+
+    composes = {m for m in METHODS if issubclass(get_method(m).config_class, CompositionOptions)}
+    assert composes == set(COMPOSABLE)
 
 
 def test_a_checkpoint_mixing_full_and_sliding_layers_windows_its_layers_in_the_graph():

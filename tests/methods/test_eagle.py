@@ -16,13 +16,14 @@ from specc.compiler import CompileRequest, build_program, compile_engine, traini
 from specc.contract.descriptor import get_method
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
-from specc.methods.eagle import EagleConfig
+from specc.methods.eagle import METHOD, EagleConfig
 from specc.methods.eagle import runtime as eagle_runtime
 from specc.methods.eagle.config import default_layers
 from specc.methods.eagle.runtime import build_runtime
 from specc.methods.eagle.train import head_parameters, train_head
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
+from specc.runtime.lookup_branches import engine_runtime
 from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
                                        assert_turns_reusing_match_hf_greedy,
@@ -164,7 +165,7 @@ def test_bfloat16_engine_matches_its_none_engine(checkpoints, tmp_path, one_thre
 @pytest.mark.parametrize("max_rows", [None, 4])
 def test_lookup_branch_shares_the_tree_and_stays_lossless(engines, one_thread, max_rows):
     engine, target = engines("llama")
-    built = build_runtime(engine.context, EagleConfig(lookup=True, tree_width=2, tree_nodes=8, depth=4))
+    built = engine_runtime(METHOD, engine.context, EagleConfig(lookup=True, tree_width=2, tree_nodes=8, depth=4))
     model, drafter = built.target, built.drafter
     assert_identical(greedy(model, drafter, max_rows), target)
     report = drafter.method_report()
@@ -179,7 +180,7 @@ def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
     engine, target = engines("llama")
     reused = assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
                                                   MAX_NEW_TOKENS)[-1]
-    assert engine.drafter.head_len > reused
+    assert engine.drafter.follower.valid > reused
 
 
 def test_a_catch_up_padded_to_a_row_multiple_computes_what_an_unpadded_one_does(engines, one_thread, monkeypatch):
@@ -193,7 +194,7 @@ def test_a_catch_up_padded_to_a_row_multiple_computes_what_an_unpadded_one_does(
 
     def catch_up(rows_for):
         monkeypatch.setattr(eagle_runtime, "catch_up_rows", rows_for)
-        drafter.head_len = 0
+        drafter.follower.valid = 0
         logits, hidden = drafter._catch_up(prompt, len(prompt) - 1)
         return [logits, hidden, *(cache[:, :, :len(prompt)].clone() for cache in drafter.head.cache.tensors)]
 

@@ -162,10 +162,22 @@ def test_a_branch_that_does_not_declare_itself_composable_is_refused():
         ComposedDrafter({})
 
 
-def test_a_branch_draft_with_method_tensors_is_refused():
+def test_a_draft_with_method_tensors_is_refused_from_any_branch_but_the_primary():
     states = FixedDrafter((-1, 0), (5,), extras={"states": torch.zeros(2)})
-    with pytest.raises(SpeccError, match="'states'.*Draft.extras"):
+    with pytest.raises(SpeccError, match="'states'.*Draft.extras.*primary"):
         propose(ComposedDrafter({"lookup": chain(6), "states": states}))
+
+
+def test_the_primarys_method_tensors_stay_with_its_nodes_in_the_merged_tree():
+    """The primary's nodes keep their indices in the merge, so tensors indexed by them still
+    name the same nodes; a chain of another branch's, verified alone, carries none."""
+    states = torch.arange(3.0)
+    primary = FixedDrafter((-1, 0), (5,), extras={"states": states})
+    merged = propose(ComposedDrafter({"model": primary, "lookup": chain(6, 7)}))
+    assert merged.node_tokens.tolist() == [ROOT, 5, 6, 7]
+    assert merged.extras["states"] is not None and torch.equal(merged.extras["states"], states)
+    lookup_chain = propose(ComposedDrafter({"model": primary, "lookup": chain(6, 7, scores=[1.0, 1.0])}), CHAINS)
+    assert lookup_chain.node_tokens.tolist() == [ROOT, 6, 7] and not lookup_chain.extras
 
 
 def test_the_ngram_drafter_is_composable_and_scores_nothing():

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
-from specc.contract.options import CalibrationOptions
+from specc.contract.options import CalibrationOptions, CompositionOptions
 
 
 @dataclass(frozen=True)
-class DraftModelConfig(MethodConfig, CalibrationOptions):
+class DraftModelConfig(MethodConfig, CompositionOptions, CalibrationOptions):
     draft_model: str | None = option(None, "draft checkpoint directory (same tokenizer as the target); "
                                            "required")
     num_draft_tokens: int = option(4, "draft depth per round (gamma)")

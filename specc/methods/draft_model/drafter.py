@@ -15,6 +15,7 @@ import torch
 from specc.methods.draft_model.config import DraftModelConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
 from specc.runtime.sampling import SamplingConfig, sample
@@ -23,19 +24,19 @@ from specc.runtime.verification import Verification
 
 
 class DraftModelDrafter:
-    resumable = True   # after a reused prefix its own KV still holds there
+    composable = True   # what its model has seen is a DraftFollower's, read from the draft it is shown
+    resumable = True    # after a reused prefix its own KV still holds there
+
     def __init__(self, draft: CachedModel, config: DraftModelConfig, vocabulary: torch.Tensor | None = None):
         """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""
         self.draft = draft
         self.config = config
         self.vocabulary = vocabulary
         self.vocab_size = draft.architecture.vocab_size
-        self.cached_len = 0       # tokens whose draft KV is valid
-        self._proposal_base = 0   # len(tokens) when the last draft was proposed
-        self._fed_chain = 0       # chain tokens fed back into the draft model
+        self.follower = DraftFollower(draft.max_seq_len, draft.device)
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        self.cached_len = min(self.cached_len, int(prefill.slots[0]))   # > 0 only after a reused prefix
+        self.follower.begin(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -45,8 +46,9 @@ class DraftModelDrafter:
             return None
         sampled_chain = not sampling.greedy and width == 1
         needs_probs = sampled_chain or self.config.stop_threshold > 0
-        pending = torch.tensor(tokens[self.cached_len:], device=self.draft.device)
-        logits = self.draft.extend(pending, self.cached_len)[-1]
+        start = self.follower.valid
+        logits = self.draft.extend(torch.tensor(tokens[start:], device=self.draft.device), start)[-1]
+        self.follower.caught_up(len(tokens) - 1)
         node_tokens, draft_probs = [tokens[-1]], []
         for depth in range(1, max_depth + 1):
             probs = draft_distribution(logits, sampling) if needs_probs else None
@@ -61,7 +63,7 @@ class DraftModelDrafter:
                 break
             slot = len(tokens) + depth - 1
             logits = self.draft.extend(torch.tensor(level_tokens[:1], device=self.draft.device), slot)[-1]
-        self._proposal_base, self._fed_chain = len(tokens), depth - 1
+            self.follower.fed(level_tokens[0])
         return Draft(
             tree=tree_tensors(TreeSpec((width,) * depth)),
             node_tokens=torch.tensor(node_tokens, device=self.draft.device),
@@ -69,14 +71,7 @@ class DraftModelDrafter:
         )
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
-        if draft is None:
-            return   # a plain step: the next proposal feeds the new tokens from cached_len
-        chain_accepted = 0
-        for node, chain_node in zip(acceptance.path[1:], draft.tree.chain_nodes):
-            if node != chain_node:
-                break
-            chain_accepted += 1
-        self.cached_len = self._proposal_base + min(chain_accepted, self._fed_chain)
+        self.follower.observe(draft, acceptance, verification)
 
 
 def build_runtime(context, config: DraftModelConfig) -> MethodRuntime:

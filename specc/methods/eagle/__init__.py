@@ -15,9 +15,9 @@ fixed shape. Two graphs, both cut from the target by passes:
 
 The plain target verifies, so the method is lossless wherever the target graph is
 exact (chains only under bfloat16's exact-rows budget). `lookup=true` adds the
-n-gram continuation of the context as a second branch of the same tree
-(`specc.runtime.compose`), and `lookup_corpus` the continuations of text the target
-wrote elsewhere (`specc.runtime.corpus_lookup`) as another.
+n-gram continuation of the context as a second branch of the same tree, and
+`lookup_corpus` the continuations of text the target wrote elsewhere as another,
+as for every method whose drafter composes (`specc.runtime.lookup_branches`).
 """
 
 from __future__ import annotations
@@ -49,16 +49,9 @@ def _train(context, config: EagleConfig, tokenizer) -> TrainResult:
     return train_head(context, config, tokenizer)
 
 
-def _prepare(config: EagleConfig, tokenizer) -> dict:
-    """The lookup corpus, tokenized into the engine."""
-    from specc.data.token_corpus import corpus_state
-
-    return corpus_state(tokenizer, config.lookup_corpus)
-
-
 def _validate(config: EagleConfig, model_config) -> None:
     """Before any weights load: the fused layers must exist, and the training text too."""
-    from specc.contract.validation import check_calibration_data, check_lookup_corpus
+    from specc.contract.validation import check_calibration_data
     from specc.errors import UsageError
 
     layers = getattr(model_config, "num_hidden_layers", None)
@@ -69,7 +62,6 @@ def _validate(config: EagleConfig, model_config) -> None:
         raise UsageError(f"--set fused_layers={config.fused_layers} must name layers 1..{layers} of the model's "
                          f"{layers} (t: the state entering layer t; {layers}: the last layer's output)")
     check_calibration_data(config.calib_data)
-    check_lookup_corpus(config.lookup_corpus)
 
 
 METHOD = MethodDescriptor(
@@ -80,7 +72,6 @@ METHOD = MethodDescriptor(
     graphs=_graphs,
     build_runtime=build_runtime,
     train=_train,
-    prepare=_prepare,
     trains_on_device=True,
     validate=_validate,
     draft_depth=lambda config: config.depth,

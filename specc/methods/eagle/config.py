@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
-from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
+from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
 
 
 @dataclass(frozen=True)
-class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
+class EagleConfig(MethodConfig, CompositionOptions, DistillationOptions, OptimizerOptions, CalibrationOptions):
     fused_layers: str = option("", "three target layers whose input states the draft head fuses (low,mid,high, "
                                    "e.g. 2,15,27; L: the last layer's output); empty picks EAGLE-3's 2, L/2, "
                                    "L-3")
@@ -22,14 +22,6 @@ class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibrati
                                           "a cumulative draft probability of at least this (a step the head is "
                                           "unsure of costs a head call and rarely pays); 0 always grows `depth` "
                                           "levels")
-    lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
-                                 "another branch of the same tree")
-    lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches")
-    lookup_tokens: int = option(8, "most tokens the lookup branch drafts")
-    lookup_corpus: str = option("", "text the target wrote (comma-separated `specc distill-data` JSONL files, "
-                                    "or other JSONL/text files), tokenized into the engine at compile time: "
-                                    "its n-gram continuations are another branch of the tree (up to "
-                                    "lookup_tokens tokens); empty: none")
     ttt_steps: int = option(3, "training-time test: draft steps the head is unrolled on its own outputs "
                                "during training")
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
@@ -47,9 +39,6 @@ class EagleConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibrati
         _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
         _check(1 <= self.tree_nodes <= 128, f"tree_nodes={self.tree_nodes} must be between 1 and 128")
         _check(0.0 <= self.stop_probability < 1.0, f"stop_probability={self.stop_probability} must be in [0, 1)")
-        _check(1 <= self.lookup_max_ngram <= 16, f"lookup_max_ngram={self.lookup_max_ngram} must be between "
-                                                 f"1 and 16")
-        _check(1 <= self.lookup_tokens <= 64, f"lookup_tokens={self.lookup_tokens} must be between 1 and 64")
         _check(1 <= self.ttt_steps <= 8, f"ttt_steps={self.ttt_steps} must be between 1 and 8")
         _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
         parse_layers(self.fused_layers)

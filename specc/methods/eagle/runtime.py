@@ -22,9 +22,10 @@ Under a chain-only budget (bfloat16 engines verify only exact chains) the tree i
 width 1, as many steps as the budget's rows allow. Drafts are deterministic, so sampling
 stays exact through the loop's point-mass acceptance.
 
-The drafter reads each round from the draft it is shown and the verification's rows along
-the accepted path (never from indices of what it proposed), so it composes with other
-drafters in one tree (`specc.runtime.compose`).
+What the head has seen and the target's features it reads are a `DraftFollower`'s, which
+reads each round from the draft it is shown, so the drafter composes with other drafters
+in one tree (`specc.runtime.compose`; `lookup=true` and `lookup_corpus`:
+`specc.runtime.lookup_branches`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from specc.methods.eagle.attach_eagle_head import HIDDEN_OUTPUT
 from specc.methods.eagle.config import EagleConfig
 from specc.methods.eagle.expose_fused_features import FEATURE_OUTPUT
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_follower import DraftFollower, catch_up_rows
 from specc.runtime.draft_logits import draft_distribution, token_ids, vocabulary_from_state
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
@@ -88,25 +90,15 @@ class EagleDrafter:
         self.config = config
         self.vocabulary = vocabulary
         self.device = head.device
-        # Row p: the feature the head reads with the token at position p (the target's fused feature of
-        # position p - 1; row 0, before the first token, is zeros).
-        self.features = torch.zeros(head.max_seq_len + 2, hidden_size, dtype=dtype, device=head.device)
-        self.head_len = 0     # positions whose head KV holds their committed token and target feature
+        # The head reads the token at position p with the target's fused feature of position p - 1.
+        self.follower = DraftFollower(head.max_seq_len, head.device, FEATURE_OUTPUT, hidden_size, dtype)
         self._log_stop = _log(config.stop_probability) if config.stop_probability > 0 else -math.inf
 
     def begin(self, prompt: torch.Tensor, prefill) -> None:
-        start = int(prefill.slots[0])   # > 0 after a reused prefix (specc.runtime.prefix_reuse)
-        self.head_len = min(self.head_len, start)
-        self.features[start + 1: prompt.numel() + 1] = prefill.extras[FEATURE_OUTPUT]
+        self.follower.begin(prompt, prefill)
 
     def observe(self, draft: Draft | None, acceptance, verification) -> None:
-        rows = verification.extras[FEATURE_OUTPUT]
-        if draft is None:
-            self.features[verification.slots + 1] = rows
-            return
-        base = int(verification.slots[0])
-        path = torch.tensor(acceptance.path, device=rows.device)
-        self.features[base + 1: base + 1 + len(acceptance.path)] = rows.index_select(0, path)
+        self.follower.observe(draft, acceptance, verification)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -133,18 +125,20 @@ class EagleDrafter:
         return max(growth.scores[n] for n in children) < self._log_stop
 
     def _catch_up(self, tokens: list[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head on positions head_len..root; the root's logits [1, V'] and hidden state [1, H].
-        The call's rows are `catch_up_rows` of them, the root's row repeated: a repeated row has
-        the root's token, position, slot, mask row and feature, so it writes the root's K/V
-        again, and its outputs are the root's."""
-        start = self.head_len
+        """The head on the positions it has not seen, root last; the root's logits [1, V'] and
+        hidden state [1, H]. The call's rows are `catch_up_rows` of them, the root's row repeated:
+        a repeated row has the root's token, position, slot, mask row and feature, so it writes
+        the root's K/V again, and its outputs are the root's. The K/V the head writes while the
+        tree grows is never kept: committed positions are always read with the target's features,
+        as the head was trained."""
+        start = self.follower.valid
         count = root + 1 - start
         rows = torch.arange(catch_up_rows(count), device=self.device).clamp(max=count - 1)
         positions = rows + start
         out = self.head.run(torch.tensor(tokens[start:], device=self.device)[rows], positions, positions,
                             causal_chunk_mask(start, count, self.device)[:, :, rows],
-                            self.features[positions][None], last_logits_only=True)
-        self.head_len = root + 1
+                            self.follower.feature_before(positions)[None], last_logits_only=True)
+        self.follower.caught_up(root)
         return out.logits, out.extras[HIDDEN_OUTPUT][-1:]
 
     def _offer(self, growth: _Growth, frontier: list[int], logits: torch.Tensor, width: int,
@@ -193,46 +187,15 @@ class EagleDrafter:
                      node_scores=torch.tensor([growth.probs[n] for n in order]))
 
 
-# Catch-ups of more rows than a decode-sized call are padded to a multiple of this many rows.
-# Such calls run kernels (oneDNN's, on the CPU) that are set up once per row count and process,
-# at several times the cost of a call, and a catch-up's row count is how many tokens lookup
-# copied since the head last ran. Measurements: benchmarks/NOTES.md, "eagle on SmolLM2".
-CATCH_UP_ROW_MULTIPLE = 8
-DECODE_SIZED_ROWS = 4
-
-
-def catch_up_rows(count: int) -> int:
-    """Rows of a head catch-up over `count` positions: `count` up to `DECODE_SIZED_ROWS`, else the
-    next multiple of `CATCH_UP_ROW_MULTIPLE`."""
-    if count <= DECODE_SIZED_ROWS:
-        return count
-    return -(-count // CATCH_UP_ROW_MULTIPLE) * CATCH_UP_ROW_MULTIPLE
-
-
 def _log(prob: float) -> float:
     return math.log(max(prob, 1e-30))
 
 
 def build_runtime(context, config: EagleConfig) -> MethodRuntime:
     """The target verifies as is (its extra output is each row's fused feature); the head has
-    a one-layer cache of its own. With `lookup`, the n-gram branch shares the tree; with a
-    lookup corpus in the engine, the corpus branch too."""
+    a one-layer cache of its own."""
     target = context.model("target")
     head = context.model("head")
     vocabulary = vocabulary_from_state(context.state, target.device)
-    drafter = EagleDrafter(head, config, vocabulary, target.architecture.hidden_size, target.cache.tensors[0].dtype)
-    branches = {"eagle": drafter}
-    if config.lookup:
-        from specc.runtime.ngram import NgramDrafter
-
-        branches["lookup"] = NgramDrafter(config.lookup_max_ngram, 1, config.lookup_tokens, 1)
-    from specc.runtime.corpus_lookup import corpus_branch
-
-    corpus = corpus_branch(context.state, config.lookup_tokens)
-    if corpus is not None:
-        branches["corpus"] = corpus
-    if len(branches) > 1:
-        from specc.runtime.compose import ComposedDrafter
-
-        drafter = ComposedDrafter(branches)
-    return MethodRuntime(target, drafter)
+    return MethodRuntime(target, EagleDrafter(head, config, vocabulary, target.architecture.hidden_size,
+                                              target.cache.tensors[0].dtype))

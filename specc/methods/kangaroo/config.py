@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
-from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
+from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 
 @dataclass(frozen=True)
-class KangarooConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
+class KangarooConfig(MethodConfig, CompositionOptions, DistillationOptions, OptimizerOptions, CalibrationOptions):
     exit_layer: int = option(0, "shallow layers the draft shares with the target (l); 0 picks "
                                 "max(1, round(L/16)), the paper's 2 of 32")
     adapter_mlp: bool = option(True, "keep layer l's MLP in the adapter (a whole decoder layer, as EAGLE's "

@@ -15,10 +15,14 @@ Where work happens, per round (root = the last committed token):
   with nothing brought. So every token's shallow KV is written exactly once.
 
 The drafter keeps the exit state of every committed position (taken from
-each verification) and an adapter KV cache of its own. Positions the
-adapter has not seen yet (the prompt, and after full acceptance the last
-drafted token or an accepted sibling) are fed to it from their stored
-exits at the start of the next round, in the same adapter call as the root.
+each verification) and an adapter KV cache of its own, both followed by a
+`DraftFollower`. Positions the adapter has not seen yet (the prompt, and after
+full acceptance the last drafted token or an accepted sibling) are fed to it
+from their stored exits at the start of the next round, in the same adapter
+call as the root. With lookup branches (`specc.runtime.lookup_branches`) the
+drafter is the primary of a composed draft, whose merged tree keeps its nodes'
+indices and so its exit states; a draft of another branch's brings none, and
+verification runs the shallow layers on all its rows.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from specc.methods.kangaroo.config import KangarooConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
+from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
 from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
@@ -83,7 +88,8 @@ class ExitVerifier:
 
 
 class KangarooDrafter:
-    resumable = True   # after a reused prefix the adapter's KV and the exits it kept still hold there
+    composable = True   # the adapter's progress and the exits are a DraftFollower's, read from the draft shown
+    resumable = True    # after a reused prefix the adapter's KV and the exits it kept still hold there
 
     def __init__(self, shallow: CachedModel, adapter: CachedModel, config: KangarooConfig,
                  vocabulary: torch.Tensor | None = None):
@@ -93,18 +99,13 @@ class KangarooDrafter:
         self.config = config
         self.vocabulary = vocabulary
         self.vocab_size = shallow.architecture.vocab_size
-        arch = shallow.architecture
-        self.exits = torch.zeros(shallow.max_seq_len + 1, arch.hidden_size, dtype=shallow.cache.tensors[0].dtype,
-                                 device=shallow.device)   # exit state of each committed position
-        self.adapter_len = 0   # positions whose adapter KV is valid
-        self._root = 0         # slot of the root of the last draft
-        self._fed = 0          # chain tokens of the last draft that went through the adapter
+        # The exit state of every committed position, and how far the adapter's KV follows them.
+        self.follower = DraftFollower(shallow.max_seq_len, shallow.device, EXITS, shallow.architecture.hidden_size,
+                                      shallow.cache.tensors[0].dtype)
         self._chain_exits: list[torch.Tensor] = []
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        start = int(prefill.slots[0])   # > 0 after a reused prefix (specc.runtime.prefix_reuse)
-        self.adapter_len = min(self.adapter_len, start)
-        self.exits[start: prompt.numel()] = prefill.extras[EXITS]
+        self.follower.begin(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -135,7 +136,6 @@ class KangarooDrafter:
                 break
             chain_slots.append(slot)
             logits = self._feed_chain_token(level[0], root + depth, chain_slots)
-        self._root, self._fed = root, len(chain_slots) - 1
         device = self.shallow.device
         slots = torch.tensor(chain_slots, device=device)
         return Draft(
@@ -145,20 +145,8 @@ class KangarooDrafter:
             extras={EXITS: torch.stack(self._chain_exits), EXIT_NODES: slots - root},
         )
 
-
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
-        exits = verification.extras[EXITS]
-        if draft is None:
-            self.exits[verification.slots] = exits
-            return
-        path = torch.tensor(acceptance.path, device=exits.device)
-        self.exits[self._root: self._root + len(acceptance.path)] = exits.index_select(0, path)
-        chain_accepted = 0
-        for node, chain_node in zip(acceptance.path[1:], draft.tree.chain_nodes):
-            if node != chain_node:
-                break
-            chain_accepted += 1
-        self.adapter_len = self._root + 1 + min(chain_accepted, self._fed)
+        self.follower.observe(draft, acceptance, verification)
 
     def _catch_up_and_root(self, tokens: list[int], root: int) -> torch.Tensor:
         """Shallow layers on the root; adapter on every position it has not seen, root last."""
@@ -166,13 +154,14 @@ class KangarooDrafter:
         root_slot = torch.tensor([root], device=device)
         (hidden,) = self.shallow.run_all(torch.tensor(tokens[-1:], device=device), root_slot, root_slot,
                                          causal_chunk_mask(root, 1, device))
-        self.exits[root] = hidden[0, 0]
+        self.follower.set_feature(root, hidden[0, 0])
         self._chain_exits = [hidden[0, 0]]   # exit states of the root and each chain token fed, in order
-        start = self.adapter_len
+        start = self.follower.valid
         positions = torch.arange(start, root + 1, device=device)
         (logits,) = self.adapter.run_all(torch.tensor(tokens[start:], device=device), positions, positions,
                                          causal_chunk_mask(start, root + 1 - start, device),
-                                         self.exits[start: root + 1][None])
+                                         self.follower.feature_of(positions)[None])
+        self.follower.caught_up(root)
         return logits[0, -1]
 
     def _feed_chain_token(self, token: int, position: int, chain_slots: list[int]) -> torch.Tensor:
@@ -190,6 +179,7 @@ class KangarooDrafter:
         self._chain_exits.append(hidden[0, 0])
         (logits,) = self.adapter.run_all(token_t, position_t, position_t, causal_chunk_mask(position, 1, device),
                                          hidden)
+        self.follower.fed(token)
         return logits[0, -1]
 
 

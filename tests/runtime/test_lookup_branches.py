@@ -1,0 +1,82 @@
+"""Composition as an engine option (`specc.runtime.lookup_branches`): every method whose config
+inherits `CompositionOptions` compiles with the n-gram branch in its tree, and the engine stays
+token-identical to Hugging Face greedy while both branches draft accepted tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from specc.compiler import CompileRequest, compile_engine
+from specc.contract.descriptor import get_method
+from specc.engine.loaded import load_engine
+from specc.errors import UsageError
+from specc.runtime.generate import generate
+from specc.runtime.lookup_branches import engine_runtime
+from specc.runtime.sampling import SamplingConfig
+from specc.testing.checkpoints import assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+
+MAX_SEQ_LEN = 96
+MAX_NEW_TOKENS = 24
+TRAIN = ["train_steps=20", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+
+
+def repeating_prompts() -> list[list[int]]:
+    """Prompts that hold a span twice, so the n-gram branch finds something to copy."""
+    return [ids + ids[:6] + ids for ids in varied_prompts(6, 96, seed=3)[2:]] + varied_prompts(4, 96, seed=9)
+
+
+@pytest.fixture(scope="module")
+def composed_engine(checkpoints, tmp_path_factory):
+    """method -> an engine of it compiled with `lookup=true` on the tiny llama checkpoint."""
+    built = {}
+
+    def get(method: str):
+        if method not in built:
+            target, draft = checkpoints("llama")[:2]
+            root = tmp_path_factory.mktemp(method)
+            settings = {"draft-model": [f"draft_model={draft}"], "kangaroo": [*TRAIN, "exit_layer=1"]}[method]
+            compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
+                                          max_seq_len=MAX_SEQ_LEN, settings=[*settings, "lookup=true"]))
+            built[method] = load_engine(root / "engine"), target
+        return built[method]
+
+    return get
+
+
+@pytest.mark.parametrize("max_rows", [None, 4])
+@pytest.mark.parametrize("method", ["kangaroo", "draft-model"])
+def test_a_model_drafter_and_the_ngram_branch_share_the_tree_losslessly(composed_engine, one_thread, method,
+                                                                        max_rows):
+    """Both branches get accepted tokens in, with trees and under the chain-only budget of
+    bfloat16 engines (`max_rows=4`), and every token is HF greedy's."""
+    engine, target = composed_engine(method)
+    runtime = engine_runtime(engine.method, engine.context, engine.config)
+    assert type(runtime.drafter).__name__ == "ComposedDrafter"
+    assert_matches_hf_greedy(
+        lambda ids: generate(runtime.target, runtime.drafter, ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN,
+                             max_rows=max_rows), target, repeating_prompts(), MAX_NEW_TOKENS)
+    branches = runtime.drafter.method_report()["branches"]
+    assert set(branches) == {method, "lookup"}
+    assert branches[method]["accepted_tokens"] > 0 and branches["lookup"]["accepted_tokens"] > 0
+
+
+def test_without_lookup_settings_the_methods_drafter_runs_alone(composed_engine):
+    engine, _ = composed_engine("draft-model")
+    import dataclasses
+
+    plain = engine_runtime(engine.method, engine.context, dataclasses.replace(engine.config, lookup=False))
+    assert type(plain.drafter).__name__ == "DraftModelDrafter"
+
+
+@pytest.mark.parametrize("method", ["kangaroo", "draft-model", "eagle"])
+def test_every_composable_method_lists_the_shared_lookup_settings(method):
+    fields = {field["name"] for field in get_method(method).config_class.describe_fields()}
+    assert {"lookup", "lookup_max_ngram", "lookup_tokens", "lookup_corpus"} <= fields
+
+
+def test_a_missing_lookup_corpus_is_refused_before_any_weights_load(tmp_path):
+    target = build_tiny_checkpoint("llama", tmp_path / "target")
+    with pytest.raises(UsageError, match="lookup_corpus"):
+        compile_engine(CompileRequest(model=str(target), method="kangaroo", output=tmp_path / "engine",
+                                      settings=["lookup_corpus=" + str(tmp_path / "missing.jsonl")]))
+    assert not (tmp_path / "engine").exists()
