@@ -5,9 +5,10 @@
 A method is a `MethodDescriptor` registered under the `specc.methods` entry point: its
 config (`MethodConfig` with `option` fields and a `VERSION`, inheriting the shared option
 blocks `DistillationOptions`, `OptimizerOptions` and `CalibrationOptions` where it trains
-or calibrates), per-graph recipes (`GraphRecipe`: a source checkpoint and passes, starting
+or calibrates, and `CompositionOptions` where its drafter composes with the lookup branches), per-graph recipes (`GraphRecipe`: a source checkpoint and passes, starting
 from `infrastructure_passes()`), and `build_runtime`, which turns a `MethodContext` into a
-`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`); drafters
+`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`; one running
+a model of its own keeps its progress in a `DraftFollower`); drafters
 that keep the composition contract share one tree through `ComposedDrafter`, among them the
 n-gram drafters `NgramDrafter` (the context) and `CorpusDrafter` (a corpus a method's `prepare`
 keeps with `corpus_state`, checked by `check_lookup_corpus`, read back by `corpus_branch`). A pass
@@ -22,7 +23,7 @@ from __future__ import annotations
 from specc.errors import SpeccError, UsageError
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.contract.config import ConfigVersionError, MethodConfig, OptionBlock, option
-from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
+from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
 from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainingContext,
                                        TrainResult)
 from specc.contract.infrastructure import infrastructure_passes
@@ -34,15 +35,16 @@ from specc.runtime.cached_model import CachedModel
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.context import MethodContext
 from specc.runtime.corpus_lookup import CorpusDrafter, corpus_branch
-from specc.runtime.drafter import Draft, DraftBudget, Drafter, MethodRuntime, Target
+from specc.runtime.draft_follower import DraftFollower
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.runtime.ngram import NgramDrafter
 from specc.runtime.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
 from specc.runtime.verification import Verification
 
 __all__ = [
-    "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "ComposedDrafter", "ConfigVersionError",
-    "CorpusDrafter", "DistillationOptions",
-    "Draft", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
+    "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "Capabilities", "ComposedDrafter", "CompositionOptions",
+    "ConfigVersionError", "CorpusDrafter", "DistillationOptions",
+    "Draft", "DraftFollower", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
     "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "NgramDrafter",
     "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
     "TrainingContext", "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification",

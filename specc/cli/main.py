@@ -453,7 +453,8 @@ def _methods_text() -> str:
         if not fields:
             lines.append("    (no config fields)")
         for f in fields:
-            lines.append(f"    {f['name']}: {f['type']} = {f['default']!r}  — {f['help']}")
+            allowed = f" ({f['allowed']})" if f["allowed"] else ""
+            lines.append(f"    {f['name']}: {f['type']} = {f['default']!r}{allowed}  — {f['help']}")
     return "\n".join(lines) + "\n"
 
 

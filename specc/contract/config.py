@@ -30,6 +30,7 @@ import copy
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, get_type_hints
 
+from specc.contract.bounds import Bounds
 from specc.errors import UsageError
 
 VERSION_KEY = "version"      # the key `to_json` writes the config's VERSION under; no field may take it
@@ -37,8 +38,10 @@ UNVERSIONED = 1              # the version of a config mapping that records none
 
 
 def option(default, help: str | None = None, **kwargs):
-    """A config field with its help text (shown by `specc methods`). Without `help`, a field
-    that redeclares an option block's field (to change its default) keeps the block's help."""
+    """A config field with its help text (shown by `specc methods`) and the values it allows
+    (`at_least`, `at_most`, `above`, `below`, `choices`: `specc.contract.bounds`). Without
+    `help` or bounds, a field that redeclares an option block's field (to change its default)
+    keeps the block's."""
     metadata = {"help": help, **kwargs} if help is not None else dict(kwargs)
     return field(default=default, metadata=metadata)
 
@@ -87,6 +90,12 @@ class MethodConfig:
             raise TypeError(f"{cls.__name__}.VERSION must be a positive integer, got {cls.VERSION!r}")
 
     def __post_init__(self):
+        """Every field within the bounds it declares (`specc.contract.bounds`), then the option
+        blocks' own checks. A config's `__post_init__` calls this first, then relates fields."""
+        for f in fields(self):
+            bounds = type(self).field_bounds(f.name)
+            if bounds is not None:
+                bounds.check(f.name, getattr(self, f.name))
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
@@ -168,13 +177,27 @@ class MethodConfig:
         return ""
 
     @classmethod
+    def field_bounds(cls, name: str) -> Bounds | None:
+        """The bounds of field `name`: its own declaration's, else the nearest base's."""
+        for klass in cls.__mro__:
+            declared = vars(klass).get("__dataclass_fields__", {}).get(name)
+            if declared is not None:
+                bounds = Bounds.from_metadata(declared.metadata)
+                if bounds is not None:
+                    return bounds
+        return None
+
+    @classmethod
     def describe_fields(cls) -> list[dict]:
+        """Each field's name, type, default, help and allowed values (None: any of its type)."""
         hints = get_type_hints(cls)
-        return [
-            {"name": f.name, "type": _type_name(hints[f.name]),
-             "default": f.default if f.default is not MISSING else None, "help": cls.field_help(f.name)}
-            for f in cls.ordered_fields()
-        ]
+        described = []
+        for f in cls.ordered_fields():
+            bounds = cls.field_bounds(f.name)
+            described.append({"name": f.name, "type": _type_name(hints[f.name]),
+                              "default": f.default if f.default is not MISSING else None,
+                              "help": cls.field_help(f.name), "allowed": bounds.describe() if bounds else None})
+        return described
 
 
 def _type_name(hint) -> str:

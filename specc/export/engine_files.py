@@ -19,11 +19,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from specc.contract.descriptor import TARGET
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import SpeccError
 
-TARGET = "target"   # the source name of the target model's weights and graphs
 
 
 @dataclass

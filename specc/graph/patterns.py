@@ -14,10 +14,9 @@ import torch.fx as fx
 
 from specc.errors import SpeccError
 from specc.graph.nodes import attention_nodes, layer_index, module_path, output_node
-from specc.graph.signature import OUTPUTS_META, declare_input
+from specc.graph.signature import CACHE_ROLE, OUTPUTS_META, declare_input
 
 aten = torch.ops.aten
-CACHE_ROLE = "kv_cache"
 
 
 def layer_output(graph: fx.Graph, layer: int) -> fx.Node:

@@ -29,6 +29,7 @@ DYNAMIC_DIMS = ("q", "kv", LOGIT_ROWS_DIM)
 # Roles the runtime reads besides the decoding ones: a graph's logits, and the rows whose
 # logits a call asks for (`specc.passes.select_logit_rows`).
 LOGITS_ROLE = "logits"
+CACHE_ROLE = "kv_cache"   # an input holding one layer's K or V cache, written in place
 LOGIT_ROWS_ROLE = "logit_rows"
 DTYPES = ("int64", "bool", "float")   # "float": the engine's floating dtype
 

@@ -25,13 +25,12 @@ import logging
 
 import torch
 
-from specc.graph.signature import LOGIT_ROWS_DIM
+from specc.graph.signature import CACHE_ROLE, LOGIT_ROWS_DIM
 from specc.lower.row_padding import axes_named, padding_for, q_axes, real_rows
 
 log = logging.getLogger("specc")
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-CACHE_ROLE = "kv_cache"
 
 
 class CudaGraphs:

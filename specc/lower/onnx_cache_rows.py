@@ -23,10 +23,9 @@ import torch.fx as fx
 
 from specc.errors import SpeccError
 from specc.graph.nodes import output_node
-from specc.graph.signature import GraphSignature
+from specc.graph.signature import CACHE_ROLE, GraphSignature
 
 aten = torch.ops.aten
-CACHE_ROLE = "kv_cache"
 SLOTS_ROLE = "cache_slots"
 
 

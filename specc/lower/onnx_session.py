@@ -17,7 +17,8 @@ import torch
 
 from specc.errors import SpeccError, UsageError
 from specc.graph.signature import DYNAMIC_DIMS, GraphSignature, concrete_shape
-from specc.lower.onnx_cache_rows import CACHE_ROLE, SLOTS_ROLE, write_rows_into_caches
+from specc.graph.signature import CACHE_ROLE
+from specc.lower.onnx_cache_rows import SLOTS_ROLE, write_rows_into_caches
 
 ROWS_SUFFIX = "_rows"
 # ONNX TensorProto element types (onnxruntime's IO binding takes them as integers).

@@ -19,19 +19,18 @@ import torch
 
 from specc.capture.families import ArchitectureSummary
 from specc.errors import SpeccError
-from specc.graph.signature import LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
-from specc.runtime.drafter import Draft
+from specc.graph.signature import CACHE_ROLE, LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
+from specc.runtime.drafter import Capabilities, Draft
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, tree_mask
 from specc.runtime.verification import Verification
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
-CACHE_ROLE = "kv_cache"
 SHARED_LOGIT_ROWS = 64   # calls of up to this many rows reuse one logit_rows input per row count
 
 
 class CachedModel:
-    resumable = True   # the KV cache is all its per-token state (specc.runtime.prefix_reuse)
+    capabilities = Capabilities(resumable=True)   # the KV cache is all its per-token state
 
     def __init__(self, forward: Callable, signature: GraphSignature, architecture: ArchitectureSummary,
                  max_seq_len: int, dtype: torch.dtype, device="cpu", cache: KVCache | None = None):

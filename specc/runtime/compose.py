@@ -27,8 +27,8 @@ Two kinds of draft are not merged:
   branch's that returns one: its Leviathan acceptance needs the q every
   node was drawn from, which other branches' nodes do not have.
 
-The contract a branch keeps (a drafter declares it with the class attribute
-`composable = True`, and only such drafters are taken): `observe` shows every
+The contract a branch keeps (a drafter declares it in its capabilities,
+`Capabilities(composable=True)`, and only such drafters are taken): `observe` shows every
 branch the same round, the draft the target verified (merged, or another
 branch's chain), its acceptance and its verification, not the draft the
 branch proposed. A branch that learns from rounds reads them from the draft
@@ -46,7 +46,7 @@ import torch
 
 from specc.errors import SpeccError, UsageError
 from specc.runtime.acceptance import Acceptance
-from specc.runtime.drafter import Draft, DraftBudget, Drafter
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, Drafter, declared_capabilities
 from specc.runtime.exact_chain import exact_chain
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import tree_from_parents
@@ -114,29 +114,29 @@ class ComposedDrafter:
     """`branches` (ordered, the first is the primary) draft into one tree; see the module
     docstring. `method_report()` says which branch the accepted tokens came from."""
 
-    composable = True   # it reads rounds by tokens, as it asks its branches to
-
     def __init__(self, branches: dict[str, Drafter]):
         if not branches:
             raise UsageError("ComposedDrafter needs at least one branch drafter")
         for name, drafter in branches.items():
-            if not getattr(drafter, "composable", False):
+            declared = declared_capabilities(drafter)
+            if declared is None or not declared.composable:
                 raise UsageError(
                     f"branch {name!r} ({type(drafter).__name__}) is not composable: a composed drafter shows "
-                    f"every branch the merged draft in observe, not its own. Set `composable = True` on its "
-                    f"class once its observe reads each round from the draft it is shown "
+                    f"every branch the merged draft in observe, not its own. Declare it composable on its "
+                    f"class (`capabilities = Capabilities(composable=True)`) once its observe reads each round "
+                    f"from the draft it is shown "
                     f"(see specc.runtime.compose)")
         self.branches = dict(branches)
         self.primary = next(iter(branches))
+        # It reads rounds by tokens, as it asks its branches to; it may begin after a reused
+        # prefix when every branch may.
+        self.capabilities = Capabilities(
+            resumable=all(drafter.capabilities.resumable for drafter in branches.values()), composable=True,
+            draft_cost=sum(drafter.capabilities.draft_cost for drafter in branches.values()), reports=True)
         self.measured = {name: DepthAcceptance() for name in branches}
         self.counts = {name: BranchCounts() for name in branches}
         self.accepted_tokens = 0
         self._round: _Round | None = None
-
-    @property
-    def resumable(self) -> bool:
-        """Whether it may begin after a reused prefix: when every branch may."""
-        return all(getattr(drafter, "resumable", False) for drafter in self.branches.values())
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         self._round = None
@@ -173,9 +173,9 @@ class ComposedDrafter:
         branches = {}
         for name, counts in self.counts.items():
             branches[name] = asdict(counts)
-            own = getattr(self.branches[name], "method_report", None)
-            if own is not None:
-                branches[name]["method"] = own()
+            branch = self.branches[name]
+            if branch.capabilities.reports:
+                branches[name]["method"] = branch.method_report()
         report = {"branches": branches, "accepted_tokens": self.accepted_tokens}
         self.counts = {name: BranchCounts() for name in self.branches}
         self.accepted_tokens = 0
@@ -211,7 +211,7 @@ class ComposedDrafter:
         names = list(self.branches)
         if not budget.chain_only:
             return names
-        return sorted(names, key=lambda name: getattr(self.branches[name], "draft_cost", 1.0))
+        return sorted(names, key=lambda name: self.branches[name].capabilities.draft_cost)
 
     def _usual_length(self, name: str, budget: DraftBudget) -> float:
         """The accepted length branch `name` has delivered per round at the budget's depth (its

@@ -22,7 +22,7 @@ import torch
 
 from specc.data.token_corpus import CORPUS_STATE_KEY
 from specc.errors import UsageError
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.tree import TreeSpec, tree_tensors
 
 
@@ -34,9 +34,9 @@ def corpus_branch(state: dict, num_draft_tokens: int = 8) -> CorpusDrafter | Non
 
 
 class CorpusDrafter:
-    composable = True   # proposals read only the token list; observe learns nothing
-    resumable = True    # and begin reads no prefill
-    draft_cost = 0.0    # a dictionary lookup per drafted token
+    # Proposals read only the token list, observe learns nothing, begin reads no prefill, and
+    # a draft costs a dictionary lookup per token.
+    capabilities = Capabilities(resumable=True, composable=True, draft_cost=0.0)
 
     def __init__(self, sequences: list[list[int]], max_ngram: int = 4, num_draft_tokens: int = 8):
         if max_ngram < 1 or num_draft_tokens < 1:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from specc.errors import SpeccError
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeTensors
@@ -31,6 +32,24 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a target or drafter can do beyond its protocol, declared on its class
+    (`capabilities = Capabilities(resumable=True)`) and read by the engine as declared."""
+
+    # May `begin` from a forward over the prompt's last rows only, the rest reused from the
+    # previous generation (`specc.runtime.prefix_reuse`); a resumable target also counts its
+    # calls in `forward_passes`.
+    resumable: bool = False
+    # A drafter that reads each round from the draft it is shown, so it may share a tree with
+    # other drafters (`specc.runtime.compose`; model drafters: `specc.runtime.draft_follower`).
+    composable: bool = False
+    # A drafter's cost per proposal, in model calls: composed drafters ask cheap ones first (0: a lookup).
+    draft_cost: float = 1.0
+    # Has `method_report()`: what the method says about the generations since it was last asked.
+    reports: bool = False
+
+
+@dataclass(frozen=True)
 class DraftBudget:
     """How much a draft may hold this round, from max tokens and max length. `chain_only`:
     one node per depth, each in the slot after its parent (the loop keeps only the
@@ -48,6 +67,7 @@ class Target(Protocol):
     """The model the loop prefills, steps and verifies with (`CachedModel`
     for a plain target graph; a method may compose its own)."""
 
+    capabilities: Capabilities
     device: torch.device | str
     architecture: object      # ArchitectureSummary: eos tokens, sliding window
     max_seq_len: int
@@ -63,9 +83,11 @@ class Target(Protocol):
 
 
 class Drafter(Protocol):
+    capabilities: Capabilities
+
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         """Start a new sequence (reset any per-sequence state); `prefill` is the
-        target's forward over the prompt. A drafter with a true `resumable` attribute
+        target's forward over the prompt. A drafter whose capabilities say `resumable`
         may be shown a forward over the prompt's last rows only (from `prefill.slots[0]`),
         the rest reused from the previous generation (`specc.runtime.prefix_reuse`)."""
 
@@ -89,3 +111,18 @@ class MethodRuntime:
     target: Target
     drafter: Drafter | None = None
     runs_segments: bool | None = None
+
+    def __post_init__(self):
+        for role, part in (("target", self.target), ("drafter", self.drafter)):
+            if part is not None and not isinstance(declared_capabilities(part), Capabilities):
+                raise SpeccError(f"the {role} {type(part).__name__} declares no capabilities: give its class "
+                                 f"`capabilities = Capabilities(...)` (specc.runtime.drafter; "
+                                 f"`Capabilities()` claims none)")
+
+
+def declared_capabilities(part) -> Capabilities | None:
+    """`part.capabilities`, or None when its class declares none (which `MethodRuntime` refuses)."""
+    try:
+        return part.capabilities
+    except AttributeError:
+        return None

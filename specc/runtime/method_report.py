@@ -9,7 +9,6 @@ def method_report(runtime) -> dict:
     per-token exit layers or a composed drafter's branch counts. Asking starts the counts
     again, so call it once after each generation."""
     for part in (runtime.drafter, runtime.target):
-        report = getattr(part, "method_report", None)
-        if report is not None:
-            return report()
+        if part is not None and part.capabilities.reports:
+            return part.method_report()
     return {}

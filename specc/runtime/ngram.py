@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 
 from specc.errors import UsageError
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.tree import TreeSpec, tree_tensors
 
 
@@ -26,9 +26,7 @@ class NgramDrafter:
 
     # Its proposals read only the token list and its observe learns nothing, so it may share
     # a merged draft with other drafters (`ComposedDrafter`) and begin after a reused prefix.
-    composable = True
-    resumable = True
-    draft_cost = 0.0   # pure Python over the token list: composed drafters ask it first
+    capabilities = Capabilities(resumable=True, composable=True, draft_cost=0.0)   # pure Python: asked first
 
     def __init__(self, max_ngram: int, min_ngram: int, num_draft_tokens: int, tree_width: int = 1):
         if not 1 <= min_ngram <= max_ngram or num_draft_tokens < 1 or tree_width < 1:

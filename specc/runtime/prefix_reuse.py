@@ -19,7 +19,7 @@ so both leave the same cache behind.
 
 Reuse needs a target whose KV cache is all of its per-token state and a
 drafter that can begin from a prefill of the prompt's last rows only: both
-say so with a true `resumable` attribute (a plain `CachedModel`, say, or
+say so in their capabilities, `Capabilities(resumable=True)` (a plain `CachedModel`, say, or
 Kangaroo's exit verifier; drafters that keep nothing per token, or keep it
 only up to where the reused prefix ends), and a resumable target counts its
 calls in `forward_passes`. Without them every prompt is prefilled whole.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 def resumable(target, drafter) -> bool:
     """Whether a generation with this target and drafter can start after a reused prefix."""
-    return bool(getattr(target, "resumable", False)) and (drafter is None or bool(getattr(drafter, "resumable", False)))
+    return target.capabilities.resumable and (drafter is None or drafter.capabilities.resumable)
 
 
 @dataclass

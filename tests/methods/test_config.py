@@ -168,3 +168,36 @@ def test_an_out_of_tree_config_composes_the_blocks_from_the_extension_module():
         Mine(depth=0)
     with pytest.raises(UsageError, match="weight_decay=-1.0 must be 0 or more"):
         Mine(weight_decay=-1.0)
+
+
+def test_bounds_declared_in_option_are_checked_in_one_place_and_described():
+    """`option(..., at_least=, at_most=, above=, below=, choices=)`: checked whichever way a
+    config is made, kept by a field a config redeclares, and listed by `describe_fields`."""
+
+    @dataclass(frozen=True)
+    class Bounded(MethodConfig, DistillationOptions):
+        depth: int = option(4, "tokens per round", at_least=1, at_most=8)
+        ratio: float = option(0.5, "a share", at_least=0, below=1)
+        mode: str = option("fast", "how", choices=("fast", "slow"))
+        train_steps: int = option(10, "steps")   # redeclared without bounds: the block's stay
+
+    allowed = {f["name"]: f["allowed"] for f in Bounded.describe_fields()}
+    assert allowed["depth"] == "between 1 and 8" and allowed["ratio"] == "in [0, 1)"
+    assert allowed["mode"] == "one of fast, slow" and allowed["train_steps"] == "0 or more"
+    assert allowed["seed"] is None
+    with pytest.raises(UsageError, match="depth=9 must be between 1 and 8"):
+        Bounded.from_assignments(["depth=9"])
+    with pytest.raises(UsageError, match="ratio=1.0 must be in \\[0, 1\\)"):
+        Bounded.from_json({"ratio": 1.0})
+    with pytest.raises(UsageError, match="mode='medium' must be one of fast, slow"):
+        Bounded(mode="medium")
+    with pytest.raises(UsageError, match="train_steps=-1 must be 0 or more"):
+        Bounded(train_steps=-1)
+
+
+def test_specc_methods_prints_each_fields_allowed_values(capsys):
+    from specc.cli.main import main
+
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "depth: int = 6 (between 1 and 16)" in out and "mode: str = 'lossless' (one of lossless, ar, tree)" in out

@@ -13,7 +13,7 @@ from specc.errors import SpeccError, UsageError
 from specc.runtime.acceptance import Acceptance, accept_greedy
 from specc.runtime.compose import ComposedDrafter, DepthAcceptance, expected_accepted_length
 from specc.runtime.context import MethodContext
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.generate import generate
 from specc.runtime.ngram import NgramDrafter
 from specc.runtime.sampling import SamplingConfig
@@ -31,7 +31,7 @@ VOCAB = 16
 class FixedDrafter:
     """Drafts the same tree after any tokens; records what it is shown."""
 
-    composable = True
+    capabilities = Capabilities(composable=True)
 
     def __init__(self, parents=None, tokens=(), scores=None, extras=None, draft_probs=None):
         self.parents, self.tokens, self.scores = parents, list(tokens), scores
@@ -154,7 +154,7 @@ def test_without_scores_the_chain_is_chosen_by_the_acceptance_measured_so_far():
 
 def test_a_branch_that_does_not_declare_itself_composable_is_refused():
     class Private(FixedDrafter):
-        composable = False
+        capabilities = Capabilities()
 
     with pytest.raises(UsageError, match="'model'.*Private.*composable"):
         ComposedDrafter({"lookup": chain(5), "model": Private()})
@@ -182,7 +182,7 @@ def test_the_primarys_method_tensors_stay_with_its_nodes_in_the_merged_tree():
 
 def test_the_ngram_drafter_is_composable_and_scores_nothing():
     drafter = NgramDrafter(3, 1, 4, 1)
-    assert drafter.composable
+    assert drafter.capabilities.composable
     draft = drafter.propose([1, 2, 3, 9, 1, 2], BUDGET, GREEDY, None)
     assert draft.node_tokens.tolist() == [2, 3, 9, 1, 2] and draft.node_scores is None
     with pytest.raises(UsageError, match="min_ngram"):
@@ -223,6 +223,8 @@ def test_a_plain_step_after_an_empty_round_credits_nobody():
 
 def test_a_branch_report_is_included_under_its_name():
     class Reporting(FixedDrafter):
+        capabilities = Capabilities(composable=True, reports=True)
+
         def method_report(self):
             return {"layers": [1, 2]}
 
@@ -283,7 +285,7 @@ class ScriptedDrafter:
     """Drafts the next tokens of a known continuation (the target's greedy decoding), with
     one wrong token in some rounds, so rounds accept varied lengths."""
 
-    composable = True
+    capabilities = Capabilities(composable=True)
 
     def __init__(self):
         self.script: list[int] = []
@@ -330,7 +332,7 @@ class Counting(FixedDrafter):
 
     def __init__(self, *tokens, scores=None, cost=1.0):
         super().__init__((-1, *range(len(tokens))), tokens, scores)
-        self.draft_cost, self.asked = cost, 0
+        self.capabilities, self.asked = Capabilities(composable=True, draft_cost=cost), 0
 
     def propose(self, tokens, budget, sampling, generator):
         self.asked += 1

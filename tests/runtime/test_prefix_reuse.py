@@ -12,6 +12,7 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.ngram import NgramDrafter
+from specc.runtime.drafter import Capabilities
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.testing.checkpoints import assert_turns_reusing_match_hf_greedy, reusing_turns
 
@@ -34,11 +35,11 @@ def test_the_usable_prefix_is_the_common_one_and_leaves_the_last_prompt_token():
 
 
 def test_resumable_needs_both_the_target_and_every_drafter_branch():
-    target = SimpleNamespace(resumable=True)
+    target = SimpleNamespace(capabilities=Capabilities(resumable=True))
     lookup = NgramDrafter(3, 1, 4, 1)
-    stateful = SimpleNamespace(composable=True)          # a drafter that does not say it can resume
+    stateful = SimpleNamespace(capabilities=Capabilities(composable=True))   # does not say it can resume
     assert resumable(target, None) and resumable(target, lookup)
-    assert not resumable(SimpleNamespace(), None), "a method's own target must say so"
+    assert not resumable(SimpleNamespace(capabilities=Capabilities()), None), "a method's own target must say so"
     assert resumable(target, ComposedDrafter({"a": lookup, "b": NgramDrafter(2, 1, 4, 1)}))
     assert not resumable(target, ComposedDrafter({"a": lookup, "b": stateful}))
 

@@ -26,23 +26,20 @@ from specc.extension import (TARGET, ComposedDrafter, GraphRecipe, MethodConfig,
 
 @dataclass(frozen=True)
 class PromptLookupConfig(MethodConfig):
-    max_ngram: int = option(3, "longest suffix looked up (tried first)")
-    min_ngram: int = option(1, "shortest suffix looked up")
-    num_draft_tokens: int = option(8, "most tokens drafted per round (the matched continuation's length)")
+    max_ngram: int = option(3, "longest suffix looked up (tried first)", at_least=1, at_most=16)
+    min_ngram: int = option(1, "shortest suffix looked up", at_least=1, at_most=16)
+    num_draft_tokens: int = option(8, "most tokens drafted per round (the matched continuation's length)",
+                                   at_least=1, at_most=64)
     tree_width: int = option(1, "candidates per depth: 1 drafts a chain; k > 1 adds up to k-1 other tokens "
-                                "seen after the same suffix, most frequent first")
+                                "seen after the same suffix, most frequent first", at_least=1, at_most=16)
     lookup_corpus: str = option("", "comma-separated files of text the target wrote (`specc distill-data` output) "
                                     "whose continuations draft too, beside the context's; tokenized into the "
                                     "engine at compile time")
 
     def __post_init__(self):
-        if not 1 <= self.min_ngram <= self.max_ngram <= 16:
-            raise UsageError(f"need 1 <= min_ngram ({self.min_ngram}) <= max_ngram ({self.max_ngram}) <= 16")
-        if not 1 <= self.num_draft_tokens <= 64:
-            raise UsageError(f"num_draft_tokens={self.num_draft_tokens} must be between 1 and 64")
-        if not 1 <= self.tree_width <= 16:
-            raise UsageError(f"tree_width={self.tree_width} must be between 1 and 16")
-        super().__post_init__()   # cooperative: option blocks, if any, check their own fields
+        super().__post_init__()   # every field's bounds
+        if self.min_ngram > self.max_ngram:
+            raise UsageError(f"need min_ngram ({self.min_ngram}) <= max_ngram ({self.max_ngram})")
 
 
 def _validate(config: PromptLookupConfig, model_config) -> None:

@@ -17,15 +17,16 @@ from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.sampling import SamplingConfig, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
 
 
 class DraftModelDrafter:
-    composable = True   # what its model has seen is a DraftFollower's, read from the draft it is shown
-    resumable = True    # after a reused prefix its own KV still holds there
+    # What its model has seen is a DraftFollower's, read from the draft it is shown; after a
+    # reused prefix its own KV still holds there.
+    capabilities = Capabilities(resumable=True, composable=True)
 
     def __init__(self, draft: CachedModel, config: DraftModelConfig, vocabulary: torch.Tensor | None = None):
         """`vocabulary`: the token id of each row of a reduced draft head (None: the full head)."""

@@ -41,11 +41,12 @@ from specc.graph.signature import TensorSpec, append_outputs, declare_input
 from specc.graph.tidy import tidy
 from specc.passes.attach_adapter_head import own_cache, relabel
 from specc.passes.base import GraphPass, PassResult, new_nodes
+from specc.methods.eagle.expose_fused_features import FEATURE_OUTPUT
 from specc.passes.expose_layer_exit import EXIT_ROLE
 
 aten = torch.ops.aten
 MODULE = "eagle"
-FEATURE_INPUT = "eagle_feature"
+FEATURE_INPUT = FEATURE_OUTPUT   # the head reads the target's fused feature under the same name
 HIDDEN_OUTPUT = "eagle_hidden"
 CACHE_NAMES = ("k_cache_eagle", "v_cache_eagle")
 

@@ -14,19 +14,20 @@ class EagleConfig(MethodConfig, CompositionOptions, DistillationOptions, Optimiz
     fused_layers: str = option("", "three target layers whose input states the draft head fuses (low,mid,high, "
                                    "e.g. 2,15,27; L: the last layer's output); empty picks EAGLE-3's 2, L/2, "
                                    "L-3")
-    depth: int = option(6, "most draft steps per round (tree depth)")
+    depth: int = option(6, "most draft steps per round (tree depth)", at_least=1, at_most=16)
     tree_width: int = option(4, "EAGLE-2 dynamic tree: nodes expanded per depth, and the children each one "
-                                "offers; 1 drafts a chain")
-    tree_nodes: int = option(24, "most drafted nodes per round: the best by cumulative draft probability")
+                                "offers; 1 drafts a chain", at_least=1, at_most=16)
+    tree_nodes: int = option(24, "most drafted nodes per round: the best by cumulative draft probability",
+                                 at_least=1, at_most=128)
     stop_probability: float = option(0.2, "stop growing the draft once no candidate at its deepest level has "
                                           "a cumulative draft probability of at least this (a step the head is "
                                           "unsure of costs a head call and rarely pays); 0 always grows `depth` "
-                                          "levels")
+                                          "levels", at_least=0, below=1)
     ttt_steps: int = option(3, "training-time test: draft steps the head is unrolled on its own outputs "
-                               "during training")
+                               "during training", at_least=1, at_most=8)
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
                                          "training text (verification keeps the full head, so output is "
-                                         "unchanged); 0 keeps the full head")
+                                         "unchanged); 0 keeps the full head", at_least=0)
     # DistillationOptions, with eagle's defaults
     train_steps: int = option(2000, "head training steps at compile time, one window each, every window "
                                     "unrolled ttt_steps deep (0 keeps the initial head)")
@@ -35,15 +36,8 @@ class EagleConfig(MethodConfig, CompositionOptions, DistillationOptions, Optimiz
     learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95)")
 
     def __post_init__(self):
-        _check(1 <= self.depth <= 16, f"depth={self.depth} must be between 1 and 16")
-        _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
-        _check(1 <= self.tree_nodes <= 128, f"tree_nodes={self.tree_nodes} must be between 1 and 128")
-        _check(0.0 <= self.stop_probability < 1.0, f"stop_probability={self.stop_probability} must be in [0, 1)")
-        _check(1 <= self.ttt_steps <= 8, f"ttt_steps={self.ttt_steps} must be between 1 and 8")
-        _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
+        super().__post_init__()   # every field's bounds, the option blocks' checks
         parse_layers(self.fused_layers)
-        super().__post_init__()
-
 
 def parse_layers(text: str) -> tuple[int, int, int] | None:
     """`"a,b,c"` as three layer indices; empty: None (chosen from the model's depth)."""

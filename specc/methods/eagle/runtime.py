@@ -41,7 +41,7 @@ from specc.methods.eagle.expose_fused_features import FEATURE_OUTPUT
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower, catch_up_rows
 from specc.runtime.draft_logits import draft_distribution, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import tree_from_parents
@@ -81,8 +81,9 @@ class _Growth:
 
 
 class EagleDrafter:
-    composable = True
-    resumable = True   # after a reused prefix the head's KV and the features it kept still hold there
+    # What the head has seen is a DraftFollower's, read from the draft it is shown; after a reused
+    # prefix the head's KV and the features it kept still hold there.
+    capabilities = Capabilities(resumable=True, composable=True)
 
     def __init__(self, head: CachedModel, config: EagleConfig, vocabulary: torch.Tensor | None,
                  hidden_size: int, dtype: torch.dtype):

@@ -18,7 +18,7 @@ FAN_DECAY = 0.7             # a sized tree's width at depth d+1 is about 0.7 × 
 @dataclass(frozen=True)
 class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
     steps: int = option(3, "k: tokens drafted from pseudo hidden states per node (the paper's k = 3); "
-                           "ignored when layers is given")
+                           "ignored when layers is given", at_least=1, at_most=16)
     layers: tuple[int, ...] = option((), "t_1,...,t_k: decoder layers below each step's projection, "
                                          "non-decreasing in 1..L-1; default: the paper's 15,20,25 of 32 layers "
                                          "scaled to the model's depth (30 layers: 14,19,23)")
@@ -31,7 +31,7 @@ class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibratio
                                        "(the root and the top-1 chain: k rows each; when a sibling ends the "
                                        "accepted path the next draft uses its parent's pseudo rows, one step "
                                        "shorter) or all (every node: k rows per node, no shorter drafts, "
-                                       "but every extra row costs a full forward row on the CPU)")
+                                       "but every extra row costs a full forward row on the CPU)", choices=PSEUDO_ROWS)
     # DistillationOptions and OptimizerOptions, with FIRP's defaults and help
     train_steps: int = option(100, "training steps per projection at compile time (k projections, trained "
                                    "one after another), one window each; 0 keeps the untrained projections "
@@ -46,16 +46,13 @@ class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibratio
     seed: int = option(0, "seed for data order; training is deterministic for a seed")
 
     def __post_init__(self):
-        _check(1 <= self.steps <= 16, f"steps={self.steps} must be between 1 and 16")
+        super().__post_init__()   # every field's bounds, the option blocks' checks
         _check(list(self.layers) == sorted(self.layers) and all(t >= 1 for t in self.layers),
                f"layers={','.join(map(str, self.layers))} must be non-decreasing layers >= 1 (t_1 <= t_2 ...)")
         _check(len(self.layers) <= 16, f"layers has {len(self.layers)} entries; at most 16 steps")
         tree_widths(self.tree, self.num_steps)   # raises on a bad tree
-        _check(self.pseudo_rows in PSEUDO_ROWS,
-               f"pseudo_rows={self.pseudo_rows!r} must be one of {', '.join(PSEUDO_ROWS)}")
         _check(self.train_seq_len >= self.num_steps + 2,
                f"train_seq_len={self.train_seq_len} must be at least steps + 2 = {self.num_steps + 2}")
-        super().__post_init__()   # the option blocks' checks
 
     @property
     def num_steps(self) -> int:

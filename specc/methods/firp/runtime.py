@@ -30,7 +30,7 @@ import torch
 from specc.methods.firp.config import FIRPConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
-from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
 from specc.runtime.sampling import SamplingConfig, probabilities
 from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
@@ -43,7 +43,7 @@ PSEUDO_NODES = "pseudo_nodes"     # [anchors]: the row (tree node) of each ancho
 class PseudoRowTarget:
     """The `target` graph with k pseudo rows per anchor row in every forward."""
 
-    resumable = True   # committed K/V are the plain target's; pseudo rows only write scratch past them
+    capabilities = Capabilities(resumable=True)   # committed K/V are the plain target's; pseudo rows: scratch
 
     def __init__(self, model: CachedModel, steps: int, pseudo_rows: str):
         self.model = model
@@ -145,7 +145,7 @@ def pseudo_layout(local: torch.Tensor, anchors: tuple[int, ...], k: int):
 
 
 class PseudoStateDrafter:
-    resumable = True   # it keeps only the last forward's pseudo logits, and begin reads the prefill's
+    capabilities = Capabilities(resumable=True)   # it keeps the last forward's pseudo logits; begin reads them
 
     def __init__(self, config: FIRPConfig, vocab_size: int, eos_token_ids, device):
         self.config = config

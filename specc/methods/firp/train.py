@@ -41,7 +41,7 @@ from specc.methods.firp import target_passes
 from specc.passes.expose_layer_inputs import ExposeLayerInputs, LayerInputsConfig
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.contract.program import SpeculativeProgram
-from specc.runtime.cached_model import CACHE_ROLE
+from specc.graph.signature import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, distill, sparse_target
 from specc.train.heap import releasing

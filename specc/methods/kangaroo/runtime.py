@@ -34,7 +34,7 @@ from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
@@ -48,7 +48,7 @@ class ExitVerifier:
     """The target for the loop: shallow layers where no exit state is known, then
     the deep layers on all rows. Both graphs write the same (target) cache."""
 
-    resumable = True   # its one KV cache is all its per-token state (specc.runtime.prefix_reuse)
+    capabilities = Capabilities(resumable=True)   # its one KV cache is all its per-token state
 
     def __init__(self, shallow: CachedModel, deep: CachedModel):
         self.shallow = shallow
@@ -88,8 +88,9 @@ class ExitVerifier:
 
 
 class KangarooDrafter:
-    composable = True   # the adapter's progress and the exits are a DraftFollower's, read from the draft shown
-    resumable = True    # after a reused prefix the adapter's KV and the exits it kept still hold there
+    # The adapter's progress and the exits are a DraftFollower's, read from the draft it is shown;
+    # after a reused prefix the adapter's KV and the exits it kept still hold there.
+    capabilities = Capabilities(resumable=True, composable=True)
 
     def __init__(self, shallow: CachedModel, adapter: CachedModel, config: KangarooConfig,
                  vocabulary: torch.Tensor | None = None):

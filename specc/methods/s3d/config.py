@@ -14,11 +14,12 @@ from specc.methods.s3d.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleL
 @dataclass(frozen=True)
 class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, CalibrationOptions):
     draft_tokens: int = option(4, "gamma: tokens drafted per round by one draft forward over the last token "
-                                  "and gamma-1 mask tokens")
+                                  "and gamma-1 mask tokens", at_least=1, at_most=32)
     skip_ratio: float = option(DEFAULT_SKIP_RATIO, "share of the layers the draft skips, as one centred block of "
                                                    "round(ratio * L) middle layers (first and last layer always "
                                                    "kept). The paper's optimum is about 0.5 on 7B models; small "
-                                                   "models have less redundancy, hence a third by default")
+                                                   "models have less redundancy, hence a third by default",
+                                                   at_least=0, below=1)
     skip_layers: tuple[int, ...] = option((), "the skipped block as first,last (inclusive, e.g. 10,19); "
                                               "overrides skip_ratio")
     select: bool = option(True, "choose the skipped block and gamma at compile time by S3D eq. 12 from measured "
@@ -28,16 +29,16 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
     select_ratios: tuple[float, ...] = option((0.2, 0.33, 0.5), "skip ratios the eq. 12 choice compares "
                                                                  "(each a centred block of round(ratio * L) layers)")
     select_max_tokens: int = option(6, "largest gamma the eq. 12 choice considers (pilots train this many "
-                                       "draft positions)")
+                                       "draft positions)", at_least=1, at_most=32)
     select_steps: int = option(30, "pilot training steps per candidate block before its acceptance is measured; "
-                                   "the chosen candidate keeps training from there for train_steps more")
-    lora_rank: int = option(8, "rank of the draft-only LoRA adapters on the kept layers' projections")
-    lora_alpha: float = option(16.0, "LoRA scale numerator: the adapter output is multiplied by alpha/rank")
+                                   "the chosen candidate keeps training from there for train_steps more", at_least=1)
+    lora_rank: int = option(8, "rank of the draft-only LoRA adapters on the kept layers' projections", at_least=1)
+    lora_alpha: float = option(16.0, "LoRA scale numerator: the adapter output is multiplied by alpha/rank", above=0)
     lora_mlp: bool = option(False, "adapt the MLP projections too (the attention projections always are)")
     tree_width: int = option(1, "candidates at a low-confidence depth: 1 drafts a chain; k > 1 adds the draft's "
-                                "top-k there (a top-1 chain with sibling fans)")
+                                "top-k there (a top-1 chain with sibling fans)", at_least=1, at_most=32)
     tree_threshold: float = option(0.8, "a depth is low-confidence when its top-1 draft probability is below this "
-                                        "(used only with tree_width > 1)")
+                                        "(used only with tree_width > 1)", at_least=0, at_most=1)
     # DistillationOptions, with S3D's defaults and help
     train_steps: int = option(200, "training steps at compile time, one window each (0 keeps the untrained "
                                    "adapters: B = 0, the mask embedding is the mean token embedding); a step "
@@ -50,21 +51,13 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
                           "deterministic for a seed")
 
     def __post_init__(self):
-        _check(1 <= self.draft_tokens <= 32, f"draft_tokens={self.draft_tokens} must be between 1 and 32")
-        _check(0.0 <= self.skip_ratio < 1.0, f"skip_ratio={self.skip_ratio} must be in [0, 1)")
+        super().__post_init__()   # every field's bounds, the option blocks' checks
         block = self.skip_layers
         _check(block == () or (len(block) == 2 and 1 <= block[0] <= block[1]),
                f"skip_layers={','.join(map(str, self.skip_layers))} must be two layers first,last with "
                f"1 <= first <= last (layer 0 is always kept)")
         _check(bool(self.select_ratios) and all(0.0 < r < 1.0 for r in self.select_ratios),
                f"select_ratios={','.join(map(str, self.select_ratios))} must be skip ratios in (0, 1)")
-        _check(1 <= self.select_max_tokens <= 32, f"select_max_tokens={self.select_max_tokens} must be between 1 and 32")
-        _check(self.select_steps >= 1, f"select_steps={self.select_steps} must be at least 1")
-        _check(self.lora_rank >= 1, f"lora_rank={self.lora_rank} must be at least 1")
-        _check(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha} must be positive")
-        _check(1 <= self.tree_width <= 32, f"tree_width={self.tree_width} must be between 1 and 32")
-        _check(0.0 <= self.tree_threshold <= 1.0, f"tree_threshold={self.tree_threshold} must be in [0, 1]")
-        super().__post_init__()   # the option blocks' checks
 
     def skip_config(self) -> SkipMiddleLayersConfig:
         first, last = self.skip_layers or (None, None)

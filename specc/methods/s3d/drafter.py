@@ -15,7 +15,7 @@ import torch
 from specc.methods.s3d.config import S3DConfig
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
 from specc.runtime.sampling import SamplingConfig, probabilities
@@ -23,7 +23,7 @@ from specc.runtime.verification import Verification
 
 
 class MaskTokenDrafter:
-    resumable = True   # it keeps nothing per sequence: it reads the target's committed KV
+    capabilities = Capabilities(resumable=True)   # it keeps nothing per sequence: it reads the target's KV
 
     def __init__(self, draft: CachedModel, config: S3DConfig):
         self.draft = draft

@@ -36,7 +36,7 @@ from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.insert_mask_tokens import MaskTokensConfig
 from specc.methods.s3d.skip_middle_layers import decoder_layers
 from specc.methods.s3d.select import select_by_eq12
-from specc.runtime.cached_model import CACHE_ROLE
+from specc.graph.signature import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, PackedTeacher, SparseTarget, cache_teacher, distill, sparse_target
 from specc.train.inputs import empty_caches

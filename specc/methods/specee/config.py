@@ -22,42 +22,47 @@ class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
                                    "its exit layer unverified (lossy, faster when exits are early); tree: the "
                                    "paper's tree mode, the draft head proposes a token tree whose paths "
                                    "(hyper-tokens) are verified in one layer-stepped forward, each path leaving "
-                                   "at the deepest exit any of its tokens needs (lossy, greedy only)")
+                                   "at the deepest exit any of its tokens needs (lossy, greedy only)", choices=MODES)
     kv_policy: str = option("auto", "K/V of the layers above an exit: auto is finish in mode=ar, propagate "
                                     "otherwise; propagate computes them from the exit state (only their K/V "
                                     "projections run, as CALM does); mask: later tokens never see that token "
                                     "there (the reference code); finish (mode=ar only): the token's remaining "
                                     "layers run as extra rows beside the next token that goes deeper, so every "
-                                    "K/V read is the dense model's (measured: docs/methods/specee.md)")
-    candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head")
+                                    "K/V read is the dense model's (measured: docs/methods/specee.md)",
+                                    choices=KV_POLICIES)
+    candidates: int = option(4, "draft-head candidates per token (K): their LM-head rows are the reduced head",
+                                at_least=1, at_most=64)
     exit_threshold: float = option(0.0, "a predictor fires when its score exceeds this; the token exits only if "
                                          "the full head's argmax at that layer is a candidate (the guard). 0: "
                                          "calibrated at compile time, the lowest of 0.5..0.9999 whose teacher-"
-                                         "forced agreement with the dense model reaches target_agreement")
+                                         "forced agreement with the dense model reaches target_agreement",
+                                         at_least=0, below=1)
     target_agreement: float = option(0.99, "the teacher-forced agreement the calibrated threshold aims for "
                                            "on the threshold_windows (held-out agreement is reported beside "
                                            "it); above the usual 0.98 goal because the engine drifts from the "
-                                           "dense states these samples see (docs/methods/specee.md)")
+                                           "dense states these samples see (docs/methods/specee.md)",
+                                           above=0, at_most=1)
     first_exit_layer: int = option(0, "the lowest layer with a predictor (0: a third of the way up; exits "
-                                      "below it are rare and every predictor layer costs calibration time)")
+                                      "below it are rare and every predictor layer costs calibration time)", at_least=0)
     offline_layers: int = option(0, "layers in the offline schedule, ranked by exit frequency on calibration "
-                                     "text (0: a quarter of the layers, the paper's 8 of 32)")
+                                     "text (0: a quarter of the layers, the paper's 8 of 32)", at_least=0)
     online_tokens: int = option(5, "the online schedule adds the exit layers (-2, 0, +2) of this many "
-                                   "previous tokens")
+                                   "previous tokens", at_least=0)
     tree_depth: int = option(3, "tree mode: draft levels below the root (the draft head runs once more "
-                                "per level, and once for the leaves' candidates)")
+                                "per level, and once for the leaves' candidates)", at_least=1, at_most=16)
     tree_width: int = option(2, "tree mode: nodes per level; each level's nodes are the best of the previous "
                                 "level's nodes' top-`tree_width` children by cumulative draft probability "
-                                "(EAGLE-2-style beam), so a tree holds 1 + depth x width nodes")
-    max_draft_steps: int = option(6, "lossless mode: most early-exit tokens drafted per round")
-    predictor_hidden: int = option(512, "hidden units of each exit predictor (3K -> hidden -> 1)")
+                                "(EAGLE-2-style beam), so a tree holds 1 + depth x width nodes", at_least=1, at_most=16)
+    max_draft_steps: int = option(6, "lossless mode: most early-exit tokens drafted per round", at_least=1, at_most=64)
+    predictor_hidden: int = option(512, "hidden units of each exit predictor (3K -> hidden -> 1)", at_least=1)
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
-                                         "calibration text (0 keeps the full head)")
-    predictor_windows: int = option(16, "windows whose every layer is scored to train the predictors")
+                                         "calibration text (0 keeps the full head)", at_least=0)
+    predictor_windows: int = option(16, "windows whose every layer is scored to train the predictors", at_least=1)
     threshold_windows: int = option(8, "training windows after the predictors' on which the exit threshold "
-                                       "is calibrated: text the predictors never saw (0: their own windows)")
-    predictor_epochs: int = option(30, "passes over the predictor samples (BCE, Adam)")
-    predictor_learning_rate: float = option(1e-3, "predictor Adam learning rate (the paper's)")
+                                       "is calibrated: text the predictors never saw (0: their own windows)",
+                                       at_least=0)
+    predictor_epochs: int = option(30, "passes over the predictor samples (BCE, Adam)", at_least=0)
+    predictor_learning_rate: float = option(1e-3, "predictor Adam learning rate (the paper's)", above=0)
     # DistillationOptions (the draft head's training), with SpecEE's defaults and help
     train_steps: int = option(600, "draft-head training steps (one sequence each, self-distilled)")
     train_windows: int = option(128)
@@ -73,29 +78,9 @@ class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
         return "finish" if self.mode == "ar" else "propagate"
 
     def __post_init__(self):
-        _check(self.mode in MODES, f"mode={self.mode!r} is not one of {', '.join(MODES)}")
-        _check(self.kv_policy in KV_POLICIES, f"kv_policy={self.kv_policy!r} is not one of {', '.join(KV_POLICIES)}")
+        super().__post_init__()   # every field's bounds, the option blocks' checks
         _check(self.kv_policy != "finish" or self.mode == "ar",
                f"kv_policy=finish needs mode=ar (mode={self.mode!r} verifies or flattens exited tokens itself)")
-        _check(1 <= self.candidates <= 64, f"candidates={self.candidates} must be between 1 and 64")
-        _check(0.0 <= self.exit_threshold < 1.0, f"exit_threshold={self.exit_threshold} must be in [0, 1) "
-                                                  f"(0 calibrates it)")
-        _check(0.0 < self.target_agreement <= 1.0, f"target_agreement={self.target_agreement} must be in (0, 1]")
-        _check(self.first_exit_layer >= 0, f"first_exit_layer={self.first_exit_layer} must be 0 (automatic) or more")
-        _check(self.offline_layers >= 0, f"offline_layers={self.offline_layers} must be 0 (automatic) or more")
-        _check(self.online_tokens >= 0, f"online_tokens={self.online_tokens} must be 0 or more")
-        _check(1 <= self.tree_depth <= 16, f"tree_depth={self.tree_depth} must be between 1 and 16")
-        _check(1 <= self.tree_width <= 16, f"tree_width={self.tree_width} must be between 1 and 16")
-        _check(1 <= self.max_draft_steps <= 64, f"max_draft_steps={self.max_draft_steps} must be between 1 and 64")
-        _check(self.predictor_hidden >= 1, f"predictor_hidden={self.predictor_hidden} must be positive")
-        _check(self.draft_vocab_size >= 0, f"draft_vocab_size={self.draft_vocab_size} must be 0 or more")
-        _check(self.threshold_windows >= 0, f"threshold_windows={self.threshold_windows} must be 0 or more")
-        _check(self.predictor_windows >= 1, f"predictor_windows={self.predictor_windows} must be at least 1")
-        _check(self.predictor_epochs >= 0, f"predictor_epochs={self.predictor_epochs} must be 0 or more")
-        _check(self.predictor_learning_rate > 0,
-               f"predictor_learning_rate={self.predictor_learning_rate} must be positive")
-        super().__post_init__()   # the option blocks' checks
-
 
 def _check(ok: bool, message: str) -> None:
     if not ok:

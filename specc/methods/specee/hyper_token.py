@@ -41,7 +41,7 @@ from specc.errors import UsageError
 from specc.methods.specee.early_exit import FEATURE, DraftHead, EarlyExit, FollowsAcceptedTokens
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import apply_sliding_window, tree_mask
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeSpec
@@ -134,6 +134,8 @@ class _Round:
 class HyperTokenVerifier:
     """Tree mode's target: the prompt (and a lone last token) run the full model; a drafted tree
     steps through the layer-wise target, each path leaving at its hyper-token exit."""
+
+    capabilities = Capabilities(reports=True)
 
     def __init__(self, full: CachedModel, early: EarlyExit):
         self.full = full
@@ -289,6 +291,8 @@ def accept_paths(tree: DraftTree, tokens: torch.Tensor, path_logits: dict[int, t
 
 class TreeDrafter(FollowsAcceptedTokens):
     """Tree mode's drafter: the draft head grows a token tree; the verifier's path states feed it."""
+
+    capabilities = Capabilities()
 
     def __init__(self, early: EarlyExit, depth: int, width: int):
         self.early = early

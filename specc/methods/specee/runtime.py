@@ -32,7 +32,7 @@ from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.context import MethodContext
 from specc.runtime.draft_logits import vocabulary_from_state
-from specc.runtime.drafter import Draft, DraftBudget, MethodRuntime
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.runtime.verification import Verification
@@ -74,6 +74,8 @@ def build_early_exit(ctx: MethodContext, config: SpecEEConfig, full: CachedModel
 
 class EarlyExitTarget:
     """`ar` mode: the prompt runs the full model; each later token one early-exit step."""
+
+    capabilities = Capabilities(reports=True)
 
     def __init__(self, full: CachedModel, early: EarlyExit):
         self.full = full
@@ -123,7 +125,7 @@ class PartialVerifier:
     exact nodes (`EXACT_LOGITS`, `EXACT_FEATURES`); the `verify` graph runs on
     the remaining nodes only, as a causal chunk after them."""
 
-    resumable = True   # every committed slot holds the full model's K/V at every layer
+    capabilities = Capabilities(resumable=True)   # every committed slot holds the full model's K/V, every layer
 
     def __init__(self, full: CachedModel):
         self.full = full
@@ -160,7 +162,7 @@ class PartialVerifier:
 class EarlyExitDrafter(FollowsAcceptedTokens):
     """`lossless` mode: early-exit tokens are a chain the full model verifies."""
 
-    resumable = True   # after a reused prefix the head's KV still holds there (`_prime_prompt`)
+    capabilities = Capabilities(resumable=True, reports=True)   # the head's KV holds a reused prefix
 
     def __init__(self, early: EarlyExit, max_steps: int):
         self.early = early

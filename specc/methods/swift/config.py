@@ -15,24 +15,24 @@ SKIP_SET_KEY = "swift_skip_set"
 @dataclass(frozen=True)
 class SwiftConfig(MethodConfig, CalibrationOptions):
     skip_ratio: float = option(0.45, "share of the 2(L-2) skippable sublayers a candidate skips (paper: 0.45; "
-                                     "0.5 for 34B/70B models)")
-    context_window: int = option(32, "gamma: generated tokens the matchness of a candidate is scored on")
+                                     "0.5 for 34B/70B models)", at_least=0, at_most=1)
+    context_window: int = option(32, "gamma: generated tokens the matchness of a candidate is scored on", at_least=1)
     bayes_interval: int = option(25, "beta: every beta-th candidate comes from Bayesian optimisation "
-                                     "(scikit-optimize GP), the others are random")
+                                     "(scikit-optimize GP), the others are random", at_least=1)
     bayes_kappa: float = option(2.5, "exploration weight of the GP's upper confidence bound")
-    max_score: float = option(0.95, "stop searching once a skip set's matchness exceeds this")
-    max_tolerance: int = option(300, "stop searching after this many candidates without improvement")
-    max_tries: int = option(1000, "stop searching after this many candidates in all")
+    max_score: float = option(0.95, "stop searching once a skip set's matchness exceeds this", at_least=0, at_most=1)
+    max_tolerance: int = option(300, "stop searching after this many candidates without improvement", at_least=1)
+    max_tries: int = option(1000, "stop searching after this many candidates in all", at_least=1)
     max_tries_per_prompt: int = option(100, "at most this many matchness evaluations per prompt (specc's bound "
-                                            "on search overhead; the paper has none)")
+                                            "on search overhead; the paper has none)", at_least=0)
     adapt: bool = option(False, "keep optimising the skip set at run time (the paper's on-the-fly search); "
                                 "false drafts with the set `specc compile` stored. Scoring candidates costs "
                                 "draft time, and a set adopted at run time drafts with segments, not the "
                                 "compiled draft graph (measured: docs/methods/swift.md)")
     search_seed: int = option(0, "seed of the random candidates and the GP")
     confidence_threshold: float = option(0.8, "epsilon: stop drafting after a token whose top-1 probability "
-                                              "is below this")
-    max_draft_tokens: int = option(25, "most draft steps (tree depth) per round")
+                                              "is below this", at_least=0, at_most=1)
+    max_draft_tokens: int = option(25, "most draft steps (tree depth) per round", at_least=1)
     tree_band_percent: tuple[int, ...] = option((95, 80, 50), "top-1 probability band edges in percent, "
                                                               "descending; depth fan width is chosen by band")
     tree_widths: tuple[int, ...] = option((1, 3, 5, 10), "candidates per depth for each band, above the first "
@@ -52,31 +52,22 @@ class SwiftConfig(MethodConfig, CalibrationOptions):
     draft_vocab_size: int = option(8192, "rows of the draft graph's LM head: the most frequent tokens of the "
                                          "calibration text (verification and the segments keep the full head, "
                                          "so output is unchanged); 0, or at least the vocabulary size, keeps "
-                                         "the full head")
+                                         "the full head", at_least=0)
     calib_prompts: int = option(8, "compile: optimise the skip set on this many calibration prompts first "
-                                   "(0: the engine starts from the odd-layer set)")
-    calib_max_new_tokens: int = option(64, "compile: tokens generated per calibration prompt")
+                                   "(0: the engine starts from the odd-layer set)", at_least=0)
+    calib_max_new_tokens: int = option(64, "compile: tokens generated per calibration prompt", at_least=0)
     # CalibrationOptions, with SWIFT's help
     calib_data: str | None = option(None, "compile: calibration prompts, a JSONL or text file (default: "
                                           "built-in stdlib code prompts)")
 
     def __post_init__(self):
-        _check_range("skip_ratio", self.skip_ratio, 0.0, 1.0)
-        _check_range("max_score", self.max_score, 0.0, 1.0)
-        _check_range("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
-        for name in ("context_window", "bayes_interval", "max_tolerance", "max_tries", "max_draft_tokens"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("max_tries_per_prompt", "calib_prompts", "calib_max_new_tokens", "draft_vocab_size"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"{name}={getattr(self, name)} must be 0 or more")
+        super().__post_init__()   # every field's bounds
         bands = self.tree_band_percent
         if list(bands) != sorted(bands, reverse=True) or not all(0 <= b <= 100 for b in bands):
             raise UsageError(f"tree_band_percent={','.join(map(str, bands))} must be descending percentages")
         if len(self.tree_widths) != len(bands) + 1 or min(self.tree_widths) < 1:
             raise UsageError(f"tree_widths={','.join(map(str, self.tree_widths))} needs {len(bands) + 1} widths "
                              f">= 1, one per band of tree_band_percent")
-        super().__post_init__()
 
     def search_settings(self) -> SearchSettings:
         return SearchSettings(skip_ratio=self.skip_ratio, bayes_interval=self.bayes_interval, kappa=self.bayes_kappa,
@@ -88,9 +79,5 @@ class SwiftConfig(MethodConfig, CalibrationOptions):
         band = next((i for i, edge in enumerate(self.tree_band_percent) if confidence > edge / 100), None)
         return self.tree_widths[len(self.tree_band_percent) if band is None else band]
 
-
-def _check_range(name: str, value: float, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise UsageError(f"{name}={value} must be between {low} and {high}")
 
 

@@ -14,7 +14,7 @@ from specc.methods.swift.segments import SkippingForward
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_logits import token_ids
-from specc.runtime.drafter import Draft, DraftBudget
+from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.tree import TreeSpec, tree_tensors
@@ -45,7 +45,7 @@ class SearchLimit:
 class SwiftDrafter:
     """Drafts with the skipping target; scores candidate skip sets between rounds."""
 
-    resumable = True   # it reads the target's committed KV; begin needs only the prompt's length
+    capabilities = Capabilities(resumable=True)   # it reads the target's KV; begin needs the prompt's length
 
     def __init__(self, draft: CachedModel, config: SwiftConfig, search: LayerSetSearch,
                  compiled: CompiledSkipSet | None = None):
