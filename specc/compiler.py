@@ -20,8 +20,8 @@ from specc.graph.nodes import attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
-from specc.lower.row_padding import EXACT_ROWS
-from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method, is_lossless
+from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
+from specc.exactness import EXACT_ROWS, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows

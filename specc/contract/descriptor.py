@@ -18,6 +18,7 @@ import torch
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig
+from specc.exactness import is_lossless  # noqa: F401  (re-exported: where it lived before specc.exactness)
 
 if TYPE_CHECKING:
     from specc.passes.base import GraphPass
@@ -136,13 +137,6 @@ class MethodDescriptor:
     # Checks the config against the checkpoint's Hugging Face config (transformers.PretrainedConfig,
     # read from config.json before any weights load); raises UsageError naming the bad --set value.
     validate: Callable[[MethodConfig, object], None] | None = None
-
-
-def is_lossless(method: MethodDescriptor, config: MethodConfig, exact_rows: int | None = None) -> bool:
-    """Whether an engine of `method` gives its target's tokens, on a backend that computes calls
-    of up to `exact_rows` rows exactly as a decode step (None: calls of any size)."""
-    lossless = method.lossless_when(config) if method.lossless_when is not None else method.lossless
-    return lossless and (method.verifies_draft_rows_only or exact_rows is None)
 
 
 def check_backend(method: MethodDescriptor, backend) -> None:

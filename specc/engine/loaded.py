@@ -16,6 +16,7 @@ from specc.engine.method_config import read_method_config
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
+from specc.exactness import exact_calls
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
@@ -57,7 +58,8 @@ class LoadedEngine:
         start = time.perf_counter()
         try:
             targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)
-            graphs = {name: backend.load(target, path / "compiled", manifest) for name, target in targets.items()}
+            graphs = {name: exact_calls(backend.load(target, path / "compiled", manifest), target,
+                                        backend.row_exactness) for name, target in targets.items()}
             if backend.compiles_lazily:
                 for name, target in targets.items():
                     warm_up(graphs[name], target)

@@ -64,7 +64,8 @@ from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
-from specc.lower.row_padding import EXACT_ROWS, exact_in_reduced_precision, exact_rows_for, q_axes
+from specc.exactness import EXACT_ROWS, RowExactness
+from specc.lower.row_padding import q_axes
 from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads
 
@@ -75,6 +76,12 @@ class AOTInductorBackend(Backend):
     capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
     cuda_graphs = True
     ahead_of_time = True
+    # In bfloat16 every call of up to `NARROW_ROWS_BF16` rows runs padded to exactly that many, so a
+    # verification of that many rows runs the very kernels of a decode step, row for row. Unpadded,
+    # the row count changed the rounding enough to flip bfloat16 near-ties; padded to 4 rows, every
+    # row matched except where the call's rows straddled a key block (`rows_in_key_block`, which the
+    # loop respects). Measurements: docs/backends.md#measurements-behind-the-lowering-choices.
+    row_exactness = RowExactness.PADDED
 
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
         files = [_package(target, artifacts / f"{target.name}.pt2", _narrow_rows(target))]
@@ -95,18 +102,7 @@ class AOTInductorBackend(Backend):
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
             narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis)
-        return exact_in_reduced_precision(narrow, target)
-
-    def exact_rows(self, dtype: torch.dtype) -> int | None:
-        """In bfloat16 every call of up to `NARROW_ROWS_BF16` rows runs padded to exactly that
-        many (`PaddedRows`), so a verification of that many rows runs the very kernels of a
-        decode step, row for row. Unpadded, the row count changed the rounding, enough
-        to flip bfloat16 near-ties between a call's first row and a decode step; padded
-        to 4 rows, every row matched except where the call's rows straddled a key block
-        (`specc.runtime.masks.rows_in_key_block`, which the loop respects). In float32
-        the differences stay below what flips greedy choices in every test here.
-        Measurements: docs/backends.md#measurements-behind-the-lowering-choices."""
-        return exact_rows_for(dtype)
+        return narrow
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)

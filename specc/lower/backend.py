@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from specc.exactness import RowExactness, exact_rows
+
 from specc.graph.signature import GraphSignature
 
 # Capabilities a backend may declare:
@@ -47,6 +49,9 @@ class Backend:
     ahead_of_time: bool = False     # `package` writes artifacts into the engine at compile time
     compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
     cuda_graphs: bool = False       # on CUDA, calls replay captured CUDA graphs (`specc.lower.cuda_graphs`)
+    # Whether its kernels compute a row alike in calls of any row count, or need padding in
+    # reduced precision: the one fact about exactness a backend declares (`specc.exactness`).
+    row_exactness: RowExactness = RowExactness.ANY_ROWS
 
     def check_available(self) -> None:
         """Raise UsageError naming what this machine lacks (a package, a device) to use the backend."""
@@ -56,7 +61,8 @@ class Backend:
         return []
 
     def load(self, target: LoweringTarget, artifacts: Path, manifest: dict) -> Callable:
-        """The callable that runs the graph (same inputs and outputs as the graph)."""
+        """The callable that runs the graph (same inputs and outputs as the graph); the engine
+        pads its calls as `row_exactness` asks (`specc.exactness.exact_calls`)."""
         raise NotImplementedError
 
     def generation_scope(self, run_time_segments: bool) -> contextlib.AbstractContextManager:
@@ -67,9 +73,9 @@ class Backend:
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """The most query rows a call may have while every row still computes exactly
-        what a one-row call computes (same kernels, same summation order), or None
-        when no cap is needed. Lossless engines cap their drafts at this many nodes."""
-        return None
+        what a one-row call computes, from the backend's `row_exactness` (`specc.exactness`);
+        None when no cap is needed. Lossless engines cap their drafts at this many nodes."""
+        return exact_rows(self.row_exactness, dtype)
 
     def lower_segment(self, segment: fx.GraphModule) -> Callable:
         """A callable for one segment (submodule) of a graph, built when the engine loads."""

@@ -6,9 +6,9 @@ import itertools
 
 import torch
 
+from specc.exactness import RowExactness
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
 from specc.lower.exact_rounding import exact_rounding
-from specc.lower.row_padding import exact_in_reduced_precision, exact_rows_for
 
 
 def compile_dynamic(module: torch.nn.Module, device: torch.device | None = None):
@@ -31,12 +31,10 @@ class InductorBackend(Backend):
     cuda_graphs = True
     compiles_lazily = True
 
-    def load(self, target, artifacts, manifest):
-        return exact_in_reduced_precision(compile_dynamic(target.module, target.device), target)
+    row_exactness = RowExactness.PADDED   # bfloat16 calls of fewer rows run padded, as under eager
 
-    def exact_rows(self, dtype: torch.dtype) -> int | None:
-        """bfloat16 calls of fewer rows run padded, as under eager (`specc.lower.row_padding`)."""
-        return exact_rows_for(dtype)
+    def load(self, target, artifacts, manifest):
+        return compile_dynamic(target.module, target.device)
 
     def lower_segment(self, segment):
         return compile_dynamic(segment)

@@ -7,9 +7,9 @@ one fixed count, a row computes the same values whatever the other rows hold:
 every row of padded calls matched the decode steps under eager and Inductor, and
 under AOTI everywhere but where a call straddled a key block
 (`specc.runtime.masks.rows_in_key_block`). Measurements:
-docs/backends.md#measurements-behind-the-lowering-choices. So in bfloat16 every
-graph call of fewer than `EXACT_ROWS` rows runs padded to `EXACT_ROWS` and
-`Backend.exact_rows` caps lossless drafts at that many rows.
+docs/backends.md#measurements-behind-the-lowering-choices. This module is the
+mechanism; which calls are padded, and what that allows a drafter, is decided in
+`specc.exactness`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specc.exactness import EXACT_ROWS
 from specc.graph.signature import LOGIT_ROWS_DIM
 
-EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
 
 
 @dataclass(frozen=True)
@@ -107,19 +107,6 @@ def padding_for(signature, rows: int) -> RowPadding | None:
         return None
     return RowPadding(rows, inputs, q_axes(signature.outputs), axes_named(signature.inputs, LOGIT_ROWS_DIM),
                       axes_named(signature.outputs, LOGIT_ROWS_DIM))
-
-
-def exact_in_reduced_precision(forward, target, rows_alike: bool = False):
-    """`forward` padded to `EXACT_ROWS` rows when the target runs in bfloat16, unless
-    `rows_alike`: the graph computes every row alike up to that many rows by itself
-    (quantized weights, attention padded inside: `graph.nodes.rows_computed_alike`)."""
-    padding = row_padding(target) if target.dtype == torch.bfloat16 and not rows_alike else None
-    return forward if padding is None else PaddedRows(forward, padding)
-
-
-def exact_rows_for(dtype: torch.dtype) -> int | None:
-    """`Backend.exact_rows` of a backend that pads with `exact_in_reduced_precision`."""
-    return EXACT_ROWS if dtype == torch.bfloat16 else None
 
 
 def q_axes(specs) -> tuple[tuple[int, int], ...]:

@@ -9,9 +9,8 @@ import torch
 
 from specc.errors import UsageError
 from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
-from specc.runtime.drafter import Draft, DraftBudget, Drafter, Target
-from specc.runtime.exact_chain import exact_chain
-from specc.runtime.masks import rows_in_key_block
+from specc.exactness import draft_budget, verifiable
+from specc.runtime.drafter import Draft, Drafter, Target
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.stats import GenerationStats
 
@@ -47,13 +46,10 @@ def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_n
     e.g. when a stop string appeared) ends generation there: the generator
     returns the result for the tokens so far.
 
-    `max_rows`, when set, caps every draft at that many nodes, root included:
-    the most rows a verification may have and still compute each row exactly
-    as a one-row step does (`Backend.exact_rows`), so that a lossless method
-    matches plain decoding of the same engine where kernels round differently
-    for more rows (reduced precision). Under it a draft is also kept to rows a
-    one-row step would reproduce: within one key block (`rows_in_key_block`)
-    and a chain, each node in the slot right after its parent (`exact_chain`).
+    `max_rows`, when set, is the most rows a verification may have and still
+    compute each row exactly as a one-row step does (`Backend.exact_rows`): what
+    a drafter may propose under it, and what of its draft is verified, is
+    `specc.exactness`'s (`draft_budget`, `verifiable`: a chain within one key block).
 
     `reused` > 0: the target's cache already holds the K/V of the first `reused` prompt
     tokens (`specc.runtime.prefix_reuse`), so only the rest is prefilled, and the
@@ -118,14 +114,12 @@ def _decode_one(target, drafter, tokens, remaining, sampling, generator, stats) 
 
 def _speculate(target, drafter, tokens, remaining, sampling, generator, stats, max_rows=None) -> list[int]:
     prefix_len = len(tokens) - 1
-    room = target.max_seq_len - prefix_len
-    if max_rows is not None:
-        room = min(room, max_rows, rows_in_key_block(prefix_len, target.max_seq_len))
-    budget = DraftBudget(max_depth=remaining - 1, max_nodes=room, chain_only=max_rows is not None)
+    budget = draft_budget(remaining, prefix_len, target.max_seq_len, max_rows)
     start = time.perf_counter()
-    draft = drafter.propose(tokens, budget, sampling, generator) if budget.max_depth > 0 and room > 1 else None
-    if draft is not None and max_rows is not None:
-        draft = exact_chain(draft)
+    asked = budget.max_depth > 0 and budget.max_nodes > 1
+    draft = drafter.propose(tokens, budget, sampling, generator) if asked else None
+    if draft is not None:
+        draft = verifiable(draft, budget)
     stats.draft_seconds += time.perf_counter() - start
     if draft is None:
         return _decode_one(target, drafter, tokens, remaining, sampling, generator, stats)

@@ -1,0 +1,95 @@
+"""Exactness in reduced precision, owned here: which rows a backend computes exactly, what
+that gives a drafter, and what the loop does with a draft that is not a chain.
+
+In bfloat16 the CPU kernels round a row by how many rows its call has, enough to flip
+bfloat16's frequent near-ties between a verification row and the decode step it stands
+for. A backend declares one fact, its `RowExactness`:
+
+- `ANY_ROWS`: every row computes what a one-row call computes, whatever the call (float32
+  kernels, or a backend that never runs reduced precision): no padding, no cap;
+- `PADDED`: in bfloat16 every call of fewer than `EXACT_ROWS` rows runs padded to
+  `EXACT_ROWS` (`specc.lower.row_padding`), so calls of up to that many rows compute
+  their rows as decode steps do;
+- `PADDED_UNLESS_ALIKE`: the same, except a graph that computes every row alike up to
+  `EXACT_ROWS` by itself (every linear quantized, attention padded inside the graph:
+  `specc.graph.nodes.rows_computed_alike`) runs as called, which only a backend that runs
+  the graph as written can promise.
+
+Everything else follows from it and is derived here:
+- `exact_rows`: the most rows a call may have and stay exact (None: any);
+- `exact_calls`: a lowered graph wrapped so that its calls are exact (what engines run);
+- `is_lossless`: whether an engine of a method can promise its target's tokens (a method
+  that verifies rows beyond the draft's, FIRP's pseudo rows, cannot under a cap);
+- `draft_budget` and `verifiable`: what the loop allows a drafter per round under a cap (a
+  chain only, within `EXACT_ROWS` nodes and one key block: `specc.runtime.masks`), and the
+  part of any other draft it verifies (the leading chain: `specc.runtime.exact_chain`).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from specc.contract.config import MethodConfig
+    from specc.contract.descriptor import MethodDescriptor
+    from specc.runtime.drafter import Draft, DraftBudget
+
+EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
+
+
+class RowExactness(Enum):
+    ANY_ROWS = "any rows"
+    PADDED = "padded"
+    PADDED_UNLESS_ALIKE = "padded unless the graph computes rows alike"
+
+
+def exact_rows(exactness: RowExactness, dtype: torch.dtype) -> int | None:
+    """The most query rows a call may have while every row computes what a one-row call
+    computes; None when any count does. Lossless engines cap their drafts at this many nodes."""
+    if exactness is RowExactness.ANY_ROWS or dtype != torch.bfloat16:
+        return None
+    return EXACT_ROWS
+
+
+def exact_calls(forward, target, exactness: RowExactness):
+    """`forward` (a lowered graph of lowering `target`) as the engine runs it: padded to
+    `EXACT_ROWS` rows where the backend's exactness and the graph's dtype ask for it."""
+    from specc.graph.nodes import rows_computed_alike
+    from specc.lower.row_padding import PaddedRows, row_padding
+
+    if exact_rows(exactness, target.dtype) is None:
+        return forward
+    if exactness is RowExactness.PADDED_UNLESS_ALIKE and rows_computed_alike(target.module) == EXACT_ROWS:
+        return forward
+    padding = row_padding(target, EXACT_ROWS)
+    return forward if padding is None else PaddedRows(forward, padding)
+
+
+def is_lossless(method: "MethodDescriptor", config: "MethodConfig", exact_rows: int | None = None) -> bool:
+    """Whether an engine of `method` gives its target's tokens, on a backend that computes calls
+    of up to `exact_rows` rows exactly as a decode step (None: calls of any size)."""
+    lossless = method.lossless_when(config) if method.lossless_when is not None else method.lossless
+    return lossless and (method.verifies_draft_rows_only or exact_rows is None)
+
+
+def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> "DraftBudget":
+    """What a drafter may propose after `prefix_len` committed tokens with `remaining` tokens
+    left to generate: under a cap (`max_rows`, from `exact_rows`), a chain of at most that
+    many nodes, root included, whose rows end in the key block the root's row ends in."""
+    from specc.runtime.drafter import DraftBudget
+    from specc.runtime.masks import rows_in_key_block
+
+    room = max_seq_len - prefix_len
+    if max_rows is not None:
+        room = min(room, max_rows, rows_in_key_block(prefix_len, max_seq_len))
+    return DraftBudget(max_depth=remaining - 1, max_nodes=room, chain_only=max_rows is not None)
+
+
+def verifiable(draft: "Draft", budget: "DraftBudget") -> "Draft":
+    """The part of `draft` the loop verifies: under a chain-only budget its leading chain."""
+    from specc.runtime.exact_chain import exact_chain
+
+    return exact_chain(draft) if budget.chain_only else draft
