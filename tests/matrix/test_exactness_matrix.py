@@ -103,6 +103,28 @@ def test_slow_cell(matrix, cell):
     assert_exact(matrix(cell))
 
 
+def test_the_matrix_covers_every_registered_lossless_method(prompt_lookup_method):
+    """The conformance suite (the cells above and the tests below, with
+    tests/matrix/test_sampling_matrix.py) is parametrised over every lossless method there is."""
+    from specc.contract.descriptor import all_methods
+
+    registered = {m.name for m in all_methods() if m.lossless or m.lossless_when is not None}
+    assert registered == set(METHODS)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_turns_after_a_reused_prefix_match_hf_greedy(built, engine_of, method, family):
+    """A conversation whose every turn after the first prefills only what the last one did not
+    feed the target gives HF greedy's tokens, turn after turn, for every method."""
+    from specc.testing.checkpoints import assert_turns_reusing_match_hf_greedy
+
+    engine = engine_of(Cell(method, family, "eager"))
+    target = built[0](family)[0]
+    reused = assert_turns_reusing_match_hf_greedy(engine, target, prompts()[4] + [7, 9, 11], MAX_NEW_TOKENS)
+    assert reused[0] == 0 and reused[-1] > reused[1] > 0
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
 @pytest.mark.parametrize("method", METHODS)
 def test_a_seeded_sample_after_a_reused_prefix_is_the_one_without_reuse(engine_of, method, family):

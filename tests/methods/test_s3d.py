@@ -24,7 +24,7 @@ from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
-                           assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint,
+                           build_tiny_checkpoint,
                            recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
@@ -315,9 +315,3 @@ def test_eq12_engine_records_its_choice_and_matches_hf_greedy(deep_llama, tmp_pa
     assert engine.method_state["kept_layers"] == [i for i in range(6) if not
                                                   selection["skipped_layers"][0] <= i <= selection["skipped_layers"][1]]
     assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
-
-
-def test_a_turn_after_a_reused_prefix_matches_hf_greedy(engines, one_thread):
-    engine, target = engines("llama")
-    assert_turns_reusing_match_hf_greedy(engine, target, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
-                                         MAX_NEW_TOKENS)

@@ -21,7 +21,7 @@ from specc.runtime.acceptance import accept_sampled_tree
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.drafter import DraftBudget
 from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_turns_reusing_match_hf_greedy,
+from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy,
                            build_tiny_checkpoint, hf_greedy,
                            set_eos_to_a_generated_token, varied_prompts)
 
@@ -262,11 +262,3 @@ def test_config_rejects_bad_values():
         SwiftConfig.from_assignments(["compile_segments=inductor"])
     config = SwiftConfig()
     assert [config.fan_width(p) for p in (0.99, 0.9, 0.6, 0.2)] == [1, 3, 5, 10]
-
-
-def test_a_turn_after_a_reused_prefix_matches_hf_greedy(swift_checkpoint, tmp_path):
-    """Drafting with skipped layers reads the reused KV; the layer-set search scores replies after it."""
-    checkpoint = swift_checkpoint("llama")
-    engine = compile_swift(checkpoint, tmp_path / "engine")
-    assert_turns_reusing_match_hf_greedy(engine, checkpoint, varied_prompts(1, 96, seed=5)[0] + [7, 9, 11],
-                                         MAX_NEW_TOKENS)
