@@ -21,7 +21,7 @@ from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
-from specc.exactness import EXACT_ROWS, is_lossless
+from specc.runtime.exactness import EXACT_ROWS, is_lossless
 from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows
@@ -30,7 +30,7 @@ from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
 from specc.quantize.schemes import Scheme, parse_scheme
-from specc.runtime.lookup_branches import check_composition, lookup_corpus_requested, lookup_corpus_state
+from specc.contract.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter, ticking
 from specc.train.dtype import matmul_seconds, training_dtype

@@ -18,7 +18,7 @@ import torch
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig
-from specc.exactness import is_lossless  # noqa: F401  (re-exported: where it lived before specc.exactness)
+from specc.runtime.exactness import is_lossless  # noqa: F401  (re-exported: it lived here before)
 
 if TYPE_CHECKING:
     from specc.passes.base import GraphPass

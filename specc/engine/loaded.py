@@ -16,16 +16,16 @@ from specc.engine.method_config import read_method_config
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
-from specc.exactness import exact_calls
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
+from specc.lower.row_padding import exact_calls
 from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
-from specc.runtime.lookup_branches import engine_runtime
+from specc.contract.composition import engine_runtime
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up

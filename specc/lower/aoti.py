@@ -64,7 +64,7 @@ from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
-from specc.exactness import EXACT_ROWS, RowExactness
+from specc.runtime.exactness import EXACT_ROWS, RowExactness
 from specc.lower.row_padding import q_axes
 from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads

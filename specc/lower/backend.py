@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from specc.exactness import RowExactness, exact_rows
+from specc.runtime.exactness import RowExactness, exact_rows
 
 from specc.graph.signature import GraphSignature
 
@@ -50,7 +50,7 @@ class Backend:
     compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
     cuda_graphs: bool = False       # on CUDA, calls replay captured CUDA graphs (`specc.lower.cuda_graphs`)
     # Whether its kernels compute a row alike in calls of any row count, or need padding in
-    # reduced precision: the one fact about exactness a backend declares (`specc.exactness`).
+    # reduced precision: the one fact about exactness a backend declares (`specc.runtime.exactness`).
     row_exactness: RowExactness = RowExactness.ANY_ROWS
 
     def check_available(self) -> None:
@@ -62,7 +62,7 @@ class Backend:
 
     def load(self, target: LoweringTarget, artifacts: Path, manifest: dict) -> Callable:
         """The callable that runs the graph (same inputs and outputs as the graph); the engine
-        pads its calls as `row_exactness` asks (`specc.exactness.exact_calls`)."""
+        pads its calls as `row_exactness` asks (`specc.lower.row_padding.exact_calls`)."""
         raise NotImplementedError
 
     def generation_scope(self, run_time_segments: bool) -> contextlib.AbstractContextManager:
@@ -73,7 +73,7 @@ class Backend:
 
     def exact_rows(self, dtype: torch.dtype) -> int | None:
         """The most query rows a call may have while every row still computes exactly
-        what a one-row call computes, from the backend's `row_exactness` (`specc.exactness`);
+        what a one-row call computes, from the backend's `row_exactness` (`specc.runtime.exactness`);
         None when no cap is needed. Lossless engines cap their drafts at this many nodes."""
         return exact_rows(self.row_exactness, dtype)
 

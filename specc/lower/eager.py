@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specc.exactness import RowExactness
+from specc.runtime.exactness import RowExactness
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
 
 

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from specc.exactness import RowExactness
+from specc.runtime.exactness import RowExactness
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend
 from specc.lower.exact_rounding import exact_rounding
 

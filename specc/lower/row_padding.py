@@ -9,7 +9,7 @@ under AOTI everywhere but where a call straddled a key block
 (`specc.runtime.masks.rows_in_key_block`). Measurements:
 docs/backends.md#measurements-behind-the-lowering-choices. This module is the
 mechanism; which calls are padded, and what that allows a drafter, is decided in
-`specc.exactness`.
+`specc.runtime.exactness`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specc.exactness import EXACT_ROWS
+from specc.graph.nodes import rows_computed_alike
+from specc.runtime.exactness import EXACT_ROWS, RowExactness, padded_rows
 from specc.graph.signature import LOGIT_ROWS_DIM
 
 
@@ -93,6 +94,15 @@ class PaddedRows:
         if args[index].shape[axis] < self.padding.rows:
             return self.padding(self.forward, args)
         return self.forward(*args)
+
+
+def exact_calls(forward, target, exactness: RowExactness):
+    """`forward` (a lowered graph of lowering `target`) as the engine runs it: padded as
+    `specc.runtime.exactness.padded_rows` decides for the backend's exactness and the graph."""
+    alike = rows_computed_alike(target.module) if exactness is RowExactness.PADDED_UNLESS_ALIKE else None
+    rows = padded_rows(exactness, target.dtype, alike)
+    padding = None if rows is None else row_padding(target, rows)
+    return forward if padding is None else PaddedRows(forward, padding)
 
 
 def row_padding(target, rows: int = EXACT_ROWS) -> RowPadding | None:

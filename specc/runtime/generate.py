@@ -9,7 +9,7 @@ import torch
 
 from specc.errors import UsageError
 from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
-from specc.exactness import draft_budget, verifiable
+from specc.runtime.exactness import draft_budget, verifiable
 from specc.runtime.drafter import Draft, Drafter, Target
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
 from specc.runtime.stats import GenerationStats
@@ -49,7 +49,7 @@ def stream(target: Target, drafter: Drafter | None, prompt_ids: list[int], max_n
     `max_rows`, when set, is the most rows a verification may have and still
     compute each row exactly as a one-row step does (`Backend.exact_rows`): what
     a drafter may propose under it, and what of its draft is verified, is
-    `specc.exactness`'s (`draft_budget`, `verifiable`: a chain within one key block).
+    `specc.runtime.exactness`'s (`draft_budget`, `verifiable`: a chain within one key block).
 
     `reused` > 0: the target's cache already holds the K/V of the first `reused` prompt
     tokens (`specc.runtime.prefix_reuse`), so only the rest is prefilled, and the

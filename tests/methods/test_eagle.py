@@ -23,7 +23,7 @@ from specc.methods.eagle.runtime import build_runtime
 from specc.methods.eagle.train import head_parameters, train_head
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
-from specc.runtime.lookup_branches import engine_runtime
+from specc.contract.composition import engine_runtime
 from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
                                        assert_turns_reusing_match_hf_greedy,

@@ -25,7 +25,7 @@ stays exact through the loop's point-mass acceptance.
 What the head has seen and the target's features it reads are a `DraftFollower`'s, which
 reads each round from the draft it is shown, so the drafter composes with other drafters
 in one tree (`specc.runtime.compose`; `lookup=true` and `lookup_corpus`:
-`specc.runtime.lookup_branches`).
+`specc.contract.composition`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ each verification) and an adapter KV cache of its own, both followed by a
 `DraftFollower`. Positions the adapter has not seen yet (the prompt, and after
 full acceptance the last drafted token or an accepted sibling) are fed to it
 from their stored exits at the start of the next round, in the same adapter
-call as the root. With lookup branches (`specc.runtime.lookup_branches`) the
+call as the root. With lookup branches (`specc.contract.composition`) the
 drafter is the primary of a composed draft, whose merged tree keeps its nodes'
 indices and so its exit states; a draft of another branch's brings none, and
 verification runs the shallow layers on all its rows.

@@ -17,7 +17,8 @@ for. A backend declares one fact, its `RowExactness`:
 
 Everything else follows from it and is derived here:
 - `exact_rows`: the most rows a call may have and stay exact (None: any);
-- `exact_calls`: a lowered graph wrapped so that its calls are exact (what engines run);
+- `padded_rows`: the rows a lowered graph's calls are padded to (None: run as called),
+  which `specc.lower.row_padding.exact_calls` applies to every graph an engine loads;
 - `is_lossless`: whether an engine of a method can promise its target's tokens (a method
   that verifies rows beyond the draft's, FIRP's pseudo rows, cannot under a cap);
 - `draft_budget` and `verifiable`: what the loop allows a drafter per round under a cap (a
@@ -33,8 +34,6 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specc.contract.config import MethodConfig
-    from specc.contract.descriptor import MethodDescriptor
     from specc.runtime.drafter import Draft, DraftBudget
 
 EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
@@ -54,22 +53,17 @@ def exact_rows(exactness: RowExactness, dtype: torch.dtype) -> int | None:
     return EXACT_ROWS
 
 
-def exact_calls(forward, target, exactness: RowExactness):
-    """`forward` (a lowered graph of lowering `target`) as the engine runs it: padded to
-    `EXACT_ROWS` rows where the backend's exactness and the graph's dtype ask for it."""
-    from specc.graph.nodes import rows_computed_alike
-    from specc.lower.row_padding import PaddedRows, row_padding
-
-    if exact_rows(exactness, target.dtype) is None:
-        return forward
-    if exactness is RowExactness.PADDED_UNLESS_ALIKE and rows_computed_alike(target.module) == EXACT_ROWS:
-        return forward
-    padding = row_padding(target, EXACT_ROWS)
-    return forward if padding is None else PaddedRows(forward, padding)
+def padded_rows(exactness: RowExactness, dtype: torch.dtype, rows_alike: int | None) -> int | None:
+    """How many rows every call of fewer rows runs padded to (None: as called), for a graph in
+    `dtype` that computes up to `rows_alike` rows alike by itself (`graph.nodes.rows_computed_alike`)."""
+    rows = exact_rows(exactness, dtype)
+    if rows is not None and exactness is RowExactness.PADDED_UNLESS_ALIKE and rows_alike == rows:
+        return None
+    return rows
 
 
-def is_lossless(method: "MethodDescriptor", config: "MethodConfig", exact_rows: int | None = None) -> bool:
-    """Whether an engine of `method` gives its target's tokens, on a backend that computes calls
+def is_lossless(method, config, exact_rows: int | None = None) -> bool:
+    """Whether an engine of `method` (a `MethodDescriptor`, with its `config`) gives its target's tokens, on a backend that computes calls
     of up to `exact_rows` rows exactly as a decode step (None: calls of any size)."""
     lossless = method.lossless_when(config) if method.lossless_when is not None else method.lossless
     return lossless and (method.verifies_draft_rows_only or exact_rows is None)
