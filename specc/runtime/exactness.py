@@ -20,7 +20,7 @@ Everything else follows from it and is derived here:
 - `padded_rows`: the rows a lowered graph's calls are padded to (None: run as called),
   which `specc.lower.row_padding.exact_calls` applies to every graph an engine loads;
 - `is_lossless`: whether an engine of a method can promise its target's tokens (a method
-  that verifies rows beyond the draft's, FIRP's pseudo rows, cannot under a cap);
+  that verifies rows beyond the draft's (`verifies_draft_rows_only=False`) cannot under a cap);
 - `draft_budget` and `verifiable`: what the loop allows a drafter per round under a cap (a
   chain only, within `EXACT_ROWS` nodes and one key block: `specc.runtime.masks`), and the
   part of any other draft it verifies (the leading chain: `specc.runtime.exact_chain`).
