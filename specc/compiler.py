@@ -29,7 +29,8 @@ from specc.passes.use_kernels import UseKernels
 from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
-from specc.quantize.schemes import Scheme, parse_scheme
+from specc.kernels.cpu.build import compiler
+from specc.quantize.schemes import BLOCKED, Scheme, parse_scheme
 from specc.contract.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter, ticking
@@ -94,8 +95,11 @@ def check_quantize(request: CompileRequest, scheme: Scheme) -> None:
     if request.backend not in QUANTIZED_BACKENDS:
         raise UsageError(f"--quantize runs on the {', '.join(QUANTIZED_BACKENDS)} backends, not {request.backend}")
     if resolve_device(request.device).type != "cpu":
-        raise UsageError("--quantize builds CPU engines (PyTorch's int8/int4 weight kernels here are CPU "
+        raise UsageError("--quantize builds CPU engines (specc's and PyTorch's quantized kernels here are CPU "
                          "kernels); pass --device cpu")
+    if scheme.kernel == BLOCKED and compiler() is None:
+        raise UsageError(f"--quantize {scheme.name} runs specc's CPU kernel, compiled on first use: it needs a C++ "
+                         f"compiler with OpenMP (install g++ or set CXX), or choose a weight-only scheme (int4, int8)")
 
 
 def compile_engine(request: CompileRequest) -> dict:

@@ -85,8 +85,9 @@ def _add_compile(verbs):
                    help="run attention through specc's Triton kernel (specc.kernels; pays off on CUDA only: "
                         "on CPU it computes the PyTorch reference)")
     p.add_argument("--quantize", metavar="SCHEME", default=None,
-                   help="weight-only quantization of the model's linear layers (CPU, with --dtype bfloat16): "
-                        "int8 (per channel), int4 (groups of 32), int4-g64|g128|g256")
+                   help="quantization of the model's linear layers (CPU, with --dtype bfloat16): q4 or q8 "
+                        "(blocks of 32, int8 activations, specc's kernel: the fastest), or weight-only int8 "
+                        "(per channel), int4 (groups of 32), int4-g64|g128|g256")
     _device_option(p, "the engine will run (training and ahead-of-time lowering run there too)")
     return p
 

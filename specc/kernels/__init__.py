@@ -1,10 +1,11 @@
-"""Triton kernels for verification, as `torch.ops.specc.*` custom operators.
+"""specc's kernels as `torch.ops.specc.*` custom operators: Triton kernels for verification,
+and the CPU's blocked low-bit matmul (C++, compiled on first use).
 
 Importing this package registers the operators (it imports torch only,
 never triton); `KERNELS` lists them. See README.md in this folder.
 """
 
-from specc.kernels import ops  # noqa: F401  (registers torch.ops.specc.*)
+from specc.kernels import blocked_matmul, ops  # noqa: F401  (register torch.ops.specc.*)
 from specc.kernels.registry import KERNELS, Kernel, kernels_in_graph
 
 __all__ = ["KERNELS", "Kernel", "kernels_in_graph"]

@@ -12,7 +12,7 @@ NAMESPACE = "specc"
 
 @dataclass(frozen=True)
 class Kernel:
-    name: str      # the operator torch.ops.specc.<name> and the Triton module specc/kernels/<name>.py
+    name: str      # the operator torch.ops.specc.<name>; its kernel: specc/kernels/<name>.py (Triton) or cpu/<name>.cpp
     summary: str
 
     @property
@@ -27,6 +27,8 @@ KERNELS = {kernel.name: kernel for kernel in (
                             "with the bonus token"),
     Kernel("sample_accept", "speculative-sampling acceptance of a sampled chain (p/q test, residual) or a "
                             "tree of point-mass candidates, from given uniforms"),
+    Kernel("blocked_matmul", "4- or 8-bit weights in blocks of 32 (fp16 scale and min) times activations "
+                             "quantized per row to int8, AVX-512 VNNI on the CPU, row-invariant"),
 )}
 
 

@@ -1,13 +1,13 @@
-"""Rewrite the target's linear layers to weight-only quantized matmuls (`specc compile --quantize`).
+"""Rewrite the target's linear layers to quantized matmuls (`specc compile --quantize`).
 
 Each `aten.linear` whose weight is a frozen target tensor becomes
 
-    rows = reshape(x, [-1, in]);  y = <int8|int4 matmul>(rows, packed…);  y = reshape(y, [..., out]) (+ bias)
+    rows = reshape(x, [-1, in]);  y = <the scheme's matmul>(rows, packed…);  y = reshape(y, [..., out]) (+ bias)
 
 with the packed tensors (`specc.quantize.schemes`) as buffers beside the weight they
 replace, which is dropped once no node reads it. Tensors are packed once per program:
 graphs over the same weight share one packed copy (`store`), so an engine stores it once.
-The weight computing the logits takes int8 under int4 schemes (`schemes.scheme_for`).
+The weight computing the logits takes 8 bits under 4-bit schemes (`schemes.scheme_for`).
 Weights a method added (heads, adapters) keep their dtype: training fills them after the
 passes run. Runs on engine graphs after `select_logit_rows`, so the LM head it quantizes
 already computes only the rows asked for.
@@ -150,7 +150,7 @@ def _replace_linear(graph: fx.Graph, linear: fx.Node, scheme: Scheme, packed: di
     call = graph.call_function
     with graph.inserting_before(linear):
         made = [rows := call(aten.reshape.default, (x, [-1, in_features]))]
-        op, args = scheme.call_args(rows, packed)
+        op, args = scheme.call_args(rows, packed, out_features)
         made.append(result := call(op, args))
         if rank != 2:
             made += (leading := [call(aten.sym_size.int, (x, dim)) for dim in range(rank - 1)])

@@ -1,4 +1,14 @@
-"""Weight-only quantization schemes PyTorch ships CPU kernels for.
+"""Quantization schemes of the target's linear weights, and the CPU kernels that read them.
+
+* ``q4``: 4-bit weights in blocks of 32 inputs with an fp16 scale and min each
+  (GGUF Q4_1's format), times activations quantized per row and block to int8
+  (llama.cpp's Q8_0), by specc's own kernel (``torch.ops.specc.blocked_matmul``,
+  AVX-512 VNNI; compiled on first use). The LM head takes ``q8``. A weight whose
+  shape the kernel's tiles do not fit (outputs a multiple of 16, inputs of 32)
+  falls back to ``int8``.
+* ``q8``: the same with 8-bit weights.
+
+The weight-only schemes PyTorch ships CPU kernels for (activations in bfloat16):
 
 * ``int8``: symmetric, one scale per output channel, ``aten._weight_int8pack_mm``.
 * ``int4``: asymmetric min/max per group of 32 input features (the blocks of
@@ -12,7 +22,8 @@
   int4, as llama.cpp's Q4_K_M keeps it at 6: a tied head is the embedding table,
   which 4-bit GGUFs store in 6 or 8 bits (what it costs: docs/quantization.md#measured).
 
-Activations stay in the engine's dtype; scales and zeros are stored in it too.
+Under the weight-only schemes activations stay in the engine's dtype, and scales and
+zeros are stored in it too.
 """
 
 from __future__ import annotations
@@ -23,60 +34,85 @@ from dataclasses import dataclass
 import torch
 
 from specc.errors import UsageError
+from specc.kernels import blocked_matmul as blocked
 
 aten = torch.ops.aten
 
 INT4_GROUPS = (32, 64, 128, 256)
 DEFAULT_INT4_GROUP = 32   # GGUF's 4-bit blocks (Q4_0, Q4_1, Q4_K's sub-blocks) hold 32 weights
-SCHEMES = ("int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
+BLOCKED = "blocked"   # specc's kernel: weights in blocks of 32, activations in int8
+WEIGHT_ONLY = "aten"  # PyTorch's weight-only kernels
+SCHEMES = ("q4", "q8", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
 INT4_ROWS_MULTIPLE = 16   # output features per block of the CPU int4 packing
 INT4_INNER_K_TILES = 1    # the CPU packing's only layout: two 4-bit values per byte
 
 
 @dataclass(frozen=True)
 class Scheme:
-    """A quantization scheme: `bits` 8 or 4, `group` input features per scale (None: per channel)."""
+    """A quantization scheme: `bits` 8 or 4, `group` input features per scale (None: per
+    channel), and the `kernel` reading it (`WEIGHT_ONLY` or `BLOCKED`)."""
 
     bits: int
     group: int | None = None
+    kernel: str = WEIGHT_ONLY
 
     @property
     def name(self) -> str:
+        if self.kernel == BLOCKED:
+            return f"q{self.bits}"
         return "int8" if self.bits == 8 else f"int4-g{self.group}"
+
+    @property
+    def quantizes_activations(self) -> bool:
+        return self.kernel == BLOCKED
 
     def fits(self, weight: torch.Tensor) -> bool:
         out_features, in_features = weight.shape
+        if self.kernel == BLOCKED:
+            return blocked.fits(weight.shape)
         return self.bits == 8 or (in_features % self.group == 0 and out_features % INT4_ROWS_MULTIPLE == 0)
 
     def pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         """The tensors the matmul reads, from a floating `[out, in]` weight."""
+        if self.kernel == BLOCKED:
+            return {"blocks": blocked.pack_blocked(weight, self.bits)}
         return pack_int8(weight) if self.bits == 8 else pack_int4(weight, self.group)
 
     def matmul(self, rows: torch.Tensor, packed: dict[str, torch.Tensor]) -> torch.Tensor:
         """`rows [n, in]` (contiguous) times the weight's transpose: `[n, out]`."""
+        if self.kernel == BLOCKED:
+            return blocked.blocked_matmul(rows, packed["blocks"], self.bits, packed["blocks"].shape[0] * blocked.TILE)
         if self.bits == 8:
             return aten._weight_int8pack_mm(rows, packed["qweight"], packed["scales"])
         return aten._weight_int4pack_mm_for_cpu(rows, packed["qweight"], self.group, packed["scales_and_zeros"])
 
-    def call_args(self, rows, packed: dict) -> tuple:
+    def call_args(self, rows, packed: dict, out_features: int) -> tuple:
         """`(op, args)` of `matmul` for a graph, `packed` holding graph nodes."""
+        if self.kernel == BLOCKED:
+            return torch.ops.specc.blocked_matmul.default, (rows, packed["blocks"], self.bits, out_features)
         if self.bits == 8:
             return aten._weight_int8pack_mm.default, (rows, packed["qweight"], packed["scales"])
         return aten._weight_int4pack_mm_for_cpu.default, (rows, packed["qweight"], self.group,
                                                           packed["scales_and_zeros"])
 
     def to_json(self) -> dict:
+        if self.kernel == BLOCKED:
+            return {"scheme": self.name, "bits": self.bits, "granularity": "blocks of 32 inputs (fp16 scale and min)",
+                    "activations": "int8, per row and block of 32", "kernel": "specc.blocked_matmul"}
         return {"scheme": self.name, "bits": self.bits,
                 "granularity": "per output channel" if self.group is None else f"groups of {self.group} inputs"}
 
 
 INT8 = Scheme(8)
+Q4 = Scheme(4, blocked.BLOCK, BLOCKED)
+Q8 = Scheme(8, blocked.BLOCK, BLOCKED)
 
 
 def parse_scheme(text: str) -> Scheme:
-    """`int8`, `int4` or `int4-gN` (N one of `INT4_GROUPS`), else a `UsageError` listing them."""
-    if text == "int8":
-        return INT8
+    """`q4`, `q8`, `int8`, `int4` or `int4-gN` (N one of `INT4_GROUPS`), else a `UsageError` listing them."""
+    named = {"q4": Q4, "q8": Q8, "int8": INT8}
+    if text in named:
+        return named[text]
     match = re.fullmatch(r"int4(?:-g(\d+))?", text)
     group = int(match.group(1) or DEFAULT_INT4_GROUP) if match else None
     if group not in INT4_GROUPS:
@@ -86,7 +122,10 @@ def parse_scheme(text: str) -> Scheme:
 
 def scheme_for(scheme: Scheme, weight: torch.Tensor, logits: bool = False) -> Scheme:
     """`scheme`, or int4 in the largest smaller group that fits `weight`'s shape, or int8
-    (always int8 for the weight computing the `logits`)."""
+    (always int8 for the weight computing the `logits`; `q8` under `q4`, where it fits)."""
+    if scheme.kernel == BLOCKED:
+        chosen = Q8 if logits else scheme
+        return chosen if chosen.fits(weight) else INT8
     if scheme.bits == 8 or logits:
         return INT8
     smaller = [Scheme(4, group) for group in reversed(INT4_GROUPS) if group <= scheme.group]

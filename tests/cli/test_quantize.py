@@ -25,7 +25,7 @@ def run_cli(capsys, *args):
 @pytest.mark.parametrize("options, words", [
     (["--quantize", "int4"], "needs --dtype bfloat16"),
     (["--quantize", "int4", "--dtype", "bfloat16", "--backend", "onnx"], "runs on the eager, inductor, aoti backends"),
-    (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: int8, int4"),
+    (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: q4, q8, int8, int4"),
 ])
 def test_unservable_requests_are_refused_before_any_work(checkpoint, tmp_path, capsys, options, words):
     code, _, err = run_cli(capsys, "compile", checkpoint, "--method", "none", "-o", tmp_path / "e", *options)

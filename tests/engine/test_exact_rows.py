@@ -51,10 +51,10 @@ def test_bfloat16_eager_engines_run_every_call_padded_and_a_lossless_one_matches
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
-@pytest.mark.parametrize("quantize", [None, "int8", "int4-g32"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4-g32", "q4", "q8"])
 def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(wide_checkpoint, tmp_path, quantize):
     """At SmolLM2's widths (the tiny test models are too narrow for the kernels to differ), with
-    the target's weights as they are and quantized (`--quantize`: the int8 and int4 kernels)."""
+    the target's weights as they are and quantized (`--quantize`: the int8 and int4 kernels, and specc's q4 and q8 one)."""
     compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "e", dtype="bfloat16",
                                   max_seq_len=96, quantize=quantize))
     engine = load_engine(tmp_path / "e")

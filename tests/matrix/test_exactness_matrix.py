@@ -5,11 +5,11 @@ bfloat16, or refused at compile time with a reason.
 Fast by default: every method on two quirky families in eager (each with Mistral's sliding
 window, the quirk that broke SpecEE) and on the two that interleave sliding-window and full
 layers (Gemma 3, Qwen2 with max_window_layers), `none` on every family under inductor and onnx,
-every method with int4 weights (`--quantize`) in bfloat16 on one family against its quantized
-`none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
+every method with q4 weights (`--quantize q4`, specc's kernel) in bfloat16 on one family against
+its quantized `none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
 float32 and bfloat16. `-m slow` runs the whole matrix: every method × family × backend in float32, every
-method × backend in bfloat16 on one family, and the quantized column with int4 and int8 weights
-under eager, inductor and aoti. `benchmarks/matrix.py` prints it as a table.
+method × backend in bfloat16 on one family, and the quantized column with q4, int4 and int8
+weights under eager, inductor and aoti. `benchmarks/matrix.py` prints it as a table.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def assert_exact(result) -> None:
 INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
 
 
-# The quantized column (`--quantize`): int4 in groups of 32, which the tiny checkpoints' widths
-# divide, so every linear but the LM head (int8) takes the int4 kernel; int8 and the compiled
-# backends run with -m slow.
-QUANTIZED = "int4-g32"
+# The quantized column (`--quantize`): q4 (specc's kernel), whose blocks of 32 inputs and tiles
+# of 16 outputs the tiny checkpoints' widths divide, so every linear but the LM head (q8) takes
+# it; PyTorch's int4 and int8 kernels and the compiled backends run with -m slow.
+QUANTIZED = "q4"
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
 
 
@@ -87,7 +87,7 @@ def slow_cells() -> list[Cell]:
     fast = set(fast_cells())
     float32 = [Cell(m, f, b) for b in BACKENDS for m in METHODS for f in QUIRKY_MODELS]
     bfloat16 = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16") for b in BACKENDS for m in METHODS if m != "none"]
-    quantized = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16", scheme) for scheme in (QUANTIZED, "int8")
+    quantized = [Cell(m, BFLOAT16_FAMILY, b, "bfloat16", scheme) for scheme in (QUANTIZED, "int4-g32", "int8")
                  for b in QUANTIZED_BACKENDS for m in METHODS if m != "none"]
     return [c for c in float32 + bfloat16 + quantized if c not in fast]
 

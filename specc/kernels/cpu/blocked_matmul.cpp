@@ -1,0 +1,242 @@
+// Blocked low-bit weights times 8-bit activations on the CPU: the kernel of
+// specc's `q4` and `q8` quantized linears (specc/quantize/blocked.py packs the weights).
+//
+// Weights come in tiles of 16 output features; a tile holds, for each block of
+// 32 inputs, 16 fp16 scales, 16 fp16 mins and the 16 x 32 values q (0..15 or
+// 0..255), w = min + q * scale. Values are laid out so that one 64-byte load
+// gives, for each of the 16 features, 4 consecutive inputs: chunk c (inputs
+// 4c..4c+3) of feature f at bytes [64 c + 4 f, 64 c + 4 f + 4). 4-bit tiles pack
+// chunk c in the low nibbles and chunk c + 4 in the high nibbles of 4 such loads.
+// Activations: each row is quantized per block of 32 to int8 with one fp32
+// scale (amax / 127, as llama.cpp's Q8_0).
+// y[r][f] accumulates, block by block, fma(dot(q, qa), scale * a_scale) then
+// fma(min, a_scale * sum(qa)) in fp32, in the same order whatever the rows
+// of the call and the threads, so a row's result never depends on the others;
+// the vector and the scalar paths compute each lane alike.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kBlock = 32;
+constexpr int kTile = 16;
+constexpr int kRowTile = 4;
+
+inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float fp16_to_float(uint16_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else {
+            exponent = 127 - 15 + 1;
+            while (!(mantissa & 0x400u)) { mantissa <<= 1; --exponent; }
+            bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+        }
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+struct QuantizedRows {
+    std::vector<int8_t> values;   // [rows, k]
+    std::vector<float> scales;    // [rows, k / 32]
+    std::vector<float> sums;      // [rows, k / 32]: scale * sum of the block's values
+};
+
+void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out) {
+    const int blocks = k / kBlock;
+    out.values.resize(static_cast<size_t>(rows) * k);
+    out.scales.resize(static_cast<size_t>(rows) * blocks);
+    out.sums.resize(static_cast<size_t>(rows) * blocks);
+    for (int r = 0; r < rows; ++r) {
+        for (int b = 0; b < blocks; ++b) {
+            const uint16_t* src = x + static_cast<size_t>(r) * k + b * kBlock;
+            float v[kBlock];
+            float amax = 0.f;
+            for (int i = 0; i < kBlock; ++i) {
+                v[i] = bf16_to_float(src[i]);
+                amax = std::max(amax, std::fabs(v[i]));
+            }
+            const float scale = amax / 127.f;
+            const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+            int8_t* q = out.values.data() + static_cast<size_t>(r) * k + b * kBlock;
+            int sum = 0;
+            for (int i = 0; i < kBlock; ++i) {
+                q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+                sum += q[i];
+            }
+            out.scales[static_cast<size_t>(r) * blocks + b] = scale;
+            out.sums[static_cast<size_t>(r) * blocks + b] = scale * static_cast<float>(sum);
+        }
+    }
+}
+
+template <int Bits>
+constexpr size_t tile_block_bytes() { return 2 * kTile * 2 + kTile * kBlock * Bits / 8; }
+
+// The value of input i of feature f in one tile-block's values.
+template <int Bits>
+inline int value_at(const uint8_t* values, int f, int i) {
+    const int chunk = i / 4, e = i % 4;
+    if (Bits == 8) return values[64 * chunk + 4 * f + e];
+    const uint8_t byte = values[64 * (chunk % 4) + 4 * f + e];
+    return chunk < 4 ? (byte & 0x0f) : (byte >> 4);
+}
+
+template <int Bits>
+void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, int k,
+                      int r0, int count, float (*acc)[kTile]) {
+    for (int r = 0; r < count; ++r) std::fill(acc[r], acc[r] + kTile, 0.f);
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* base = tile + static_cast<size_t>(b) * tile_block_bytes<Bits>();
+        uint16_t scale_bits[kTile], min_bits[kTile];
+        std::memcpy(scale_bits, base, sizeof scale_bits);
+        std::memcpy(min_bits, base + 2 * kTile, sizeof min_bits);
+        const uint8_t* values = base + 4 * kTile;
+        for (int r = 0; r < count; ++r) {
+            const size_t row = static_cast<size_t>(r0 + r);
+            const int8_t* qa = a.values.data() + row * k + b * kBlock;
+            const float a_scale = a.scales[row * blocks + b], a_sum = a.sums[row * blocks + b];
+            for (int f = 0; f < kTile; ++f) {
+                int dot = 0;
+                for (int i = 0; i < kBlock; ++i) dot += value_at<Bits>(values, f, i) * qa[i];
+                const float scale = fp16_to_float(scale_bits[f]) * a_scale;
+                acc[r][f] = std::fma(static_cast<float>(dot), scale, acc[r][f]);
+                acc[r][f] = std::fma(fp16_to_float(min_bits[f]), a_sum, acc[r][f]);
+            }
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr bool kVector = true;
+
+template <int Bits, int Count>
+void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0,
+                      float (*out)[kTile]) {
+    __m512 acc[Count];
+    for (int r = 0; r < Count; ++r) acc[r] = _mm512_setzero_ps();
+    const __m512i low_mask = _mm512_set1_epi8(0x0f);
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* base = tile + static_cast<size_t>(b) * tile_block_bytes<Bits>();
+        const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base)));
+        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * kTile)));
+        const uint8_t* values = base + 4 * kTile;
+        __m512i w[8];
+        if (Bits == 4) {
+            for (int c = 0; c < 4; ++c) {
+                const __m512i v = _mm512_loadu_si512(values + 64 * c);
+                w[c] = _mm512_and_si512(v, low_mask);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+            }
+        } else {
+            for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(values + 64 * c);
+        }
+        for (int r = 0; r < Count; ++r) {
+            const size_t row = static_cast<size_t>(r0 + r);
+            const int32_t* qa = reinterpret_cast<const int32_t*>(a.values.data() + row * k + b * kBlock);
+            __m512i dot = _mm512_setzero_si512();
+            for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], _mm512_set1_epi32(qa[c]));
+            const __m512 scale = _mm512_mul_ps(scales, _mm512_set1_ps(a.scales[row * blocks + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(a.sums[row * blocks + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < Count; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+template <int Bits>
+void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0, int count,
+               float (*out)[kTile]) {
+    switch (count) {
+        case 1: tile_rows_vector<Bits, 1>(tile, blocks, a, k, r0, out); break;
+        case 2: tile_rows_vector<Bits, 2>(tile, blocks, a, k, r0, out); break;
+        case 3: tile_rows_vector<Bits, 3>(tile, blocks, a, k, r0, out); break;
+        default: tile_rows_vector<Bits, 4>(tile, blocks, a, k, r0, out); break;
+    }
+}
+#else
+constexpr bool kVector = false;
+
+template <int Bits>
+void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0, int count,
+               float (*out)[kTile]) {
+    tile_rows_scalar<Bits>(tile, blocks, a, k, r0, count, out);
+}
+#endif
+
+template <int Bits>
+void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, uint16_t* y, bool scalar) {
+    QuantizedRows a;
+    quantize_rows(x, rows, k, a);
+    const int blocks = k / kBlock;
+    const size_t tile_bytes = static_cast<size_t>(blocks) * tile_block_bytes<Bits>();
+    const int tiles = n / kTile;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; ++t) {
+        const uint8_t* tile = weight + t * tile_bytes;
+        for (int r0 = 0; r0 < rows; r0 += kRowTile) {
+            const int count = std::min(kRowTile, rows - r0);
+            float out[kRowTile][kTile];
+            if (scalar) {
+                tile_rows_scalar<Bits>(tile, blocks, a, k, r0, count, out);
+            } else {
+                tile_rows<Bits>(tile, blocks, a, k, r0, count, out);
+            }
+            for (int r = 0; r < count; ++r) {
+                uint16_t* dst = y + static_cast<size_t>(r0 + r) * n + t * kTile;
+                for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[r][f]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build has the AVX-512 VNNI path, 0 when every call runs the scalar one.
+int specc_blocked_matmul_vectorized() { return kVector ? 1 : 0; }
+
+// y[rows, n] (bf16) = x[rows, k] (bf16) times the transpose of a [n, k] weight packed in
+// `bits` (4 or 8) as above; n a multiple of 16, k of 32. `scalar` forces the portable path.
+int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
+                         uint16_t* y, int scalar) {
+    if (n % kTile != 0 || k % kBlock != 0 || rows < 0) return 1;
+    if (bits == 4) {
+        matmul<4>(x, rows, k, weight, n, y, scalar != 0);
+    } else if (bits == 8) {
+        matmul<8>(x, rows, k, weight, n, y, scalar != 0);
+    } else {
+        return 2;
+    }
+    return 0;
+}
+
+}
