@@ -6,10 +6,13 @@ import torch
 import torch.fx as fx
 
 from specc.graph.serialize import graph_attributes
+from specc.kernels import blocked_matmul as blocked
 from specc.quantize.quality import quantization_quality
 from specc.quantize.schemes import Scheme
 
 PACKED_SUFFIXES = ("_qweight", "_scales", "_scales_and_zeros")   # `quantize_linear_weights`' buffer names
+BLOCKED_SUFFIX = "_blocks"   # q4/q8: scales, mins and values in one tensor
+UNQUANTIZED_BYTES = 2        # per weight: quantized engines are bfloat16
 
 
 def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
@@ -17,6 +20,9 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
     with its scales, the bytes it had unquantized in the scales' dtype)."""
     tensors = graph_attributes(gm)
     found = {}
+    for name, packed in tensors.items():
+        if name.endswith(BLOCKED_SUFFIX):
+            found[packed.data_ptr()] = _blocked_weight(packed)
     for name, qweight in tensors.items():
         if not name.endswith("_qweight"):
             continue
@@ -42,6 +48,12 @@ def quantization_report(program, scheme: Scheme, model: torch.nn.Module, tokeniz
                   "unquantized": sum(b for _, _, b in weights.values())},
         "quality": quantization_quality(model, tokenizer, scheme),
     }
+
+
+def _blocked_weight(packed: torch.Tensor) -> tuple[str, int, int]:
+    tiles, blocks, nbytes = packed.shape
+    bits = (nbytes - 4 * blocked.TILE) * 8 // (blocked.TILE * blocked.BLOCK)
+    return f"q{bits}", _bytes(packed), tiles * blocked.TILE * blocks * blocked.BLOCK * UNQUANTIZED_BYTES
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -46,3 +46,25 @@ def test_a_quantized_engine_says_what_it_packed_and_runs(checkpoint, tmp_path, c
     assert code == 0 and "quantized int8" in out and "quantize_linear_weights" in out
     code, out, _ = run_cli(capsys, "run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "8", "--json")
     assert code == 0 and len(json.loads(out)["token_ids"]) == 8
+
+
+def test_a_q4_engine_records_its_q4_body_and_q8_head(checkpoint, tmp_path, capsys):
+    engine = tmp_path / "e"
+    code, out, _ = run_cli(capsys, "compile", checkpoint, "--method", "none", "--dtype", "bfloat16",
+                           "--quantize", "q4", "--max-seq-len", "64", "-o", engine)
+    record = json.loads((engine / "manifest.json").read_text())["quantization"]
+    assert code == 0 and "quantized q4 (blocks of 32 inputs (fp16 scale and min))" in out
+    assert record["linear_weights"] == {"q4": 21, "q8": 1} and record["activations"].startswith("int8")
+    assert record["bytes"]["quantized"] < 0.5 * record["bytes"]["unquantized"]
+    code, out, _ = run_cli(capsys, "inspect", engine)
+    assert code == 0 and "blocked_matmul" in out
+
+
+def test_q4_without_a_cxx_compiler_is_refused_with_the_fix(checkpoint, tmp_path, capsys, monkeypatch):
+    import specc.compiler
+
+    monkeypatch.setattr(specc.compiler, "compiler", lambda: None)
+    code, _, err = run_cli(capsys, "compile", checkpoint, "--method", "none", "--dtype", "bfloat16",
+                           "--quantize", "q4", "-o", tmp_path / "e")
+    assert code != 0 and "needs a C++ compiler" in err and "install g++" in err
+    assert not (tmp_path / "e").exists()

@@ -26,6 +26,7 @@ namespace {
 constexpr int kBlock = 32;
 constexpr int kTile = 16;
 constexpr int kRowTile = 4;
+constexpr int kPrefetchBytes = 16384;   // how far ahead the weights are requested: the hardware prefetcher alone reads ~14 of ~24 GB/s
 
 inline float bf16_to_float(uint16_t h) {
     uint32_t bits = static_cast<uint32_t>(h) << 16;
@@ -145,6 +146,9 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     const __m512i low_mask = _mm512_set1_epi8(0x0f);
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* base = tile + static_cast<size_t>(b) * tile_block_bytes<Bits>();
+        for (size_t line = 0; line < tile_block_bytes<Bits>(); line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(base + kPrefetchBytes + line), _MM_HINT_T0);
+        }
         const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base)));
         const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * kTile)));
         const uint8_t* values = base + 4 * kTile;
