@@ -11,6 +11,7 @@ SDPA = torch.ops.aten.scaled_dot_product_attention.default
 ATTENTION_WINDOW = "specc_attention_window"   # an attention call's meta: its layer's sliding window (capture)
 WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window it hides keys beyond
 PADDED_ROWS = "specc_padded_rows"             # an attention call's meta: the query rows it always runs (at least)
+FROZEN_COPIES = "specc_frozen_copies"         # a GraphModule's meta: attributes holding copies of frozen weights
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 

@@ -10,7 +10,9 @@ and sampled decoding stay exact; a token outside the subset simply cannot be
 drafted.
 
 The new head is a frozen copy of the selected rows, a parameter of its own
-(`<module_name>.weight`), so the shared target head is untouched.
+(`<module_name>.weight`), so the shared target head is untouched; it is listed
+in the graph's `FROZEN_COPIES`, so `--quantize` packs it as it packs the
+model's own weights (4 bits under `q4`: it is not the target's head).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import output_node
+from specc.graph.nodes import FROZEN_COPIES, output_node
 from specc.graph.patterns import lm_head
 from specc.graph.signature import OUTPUTS_META, TensorSpec, declare_outputs
 from specc.graph.tidy import tidy
@@ -69,6 +71,7 @@ class ReduceDraftVocabulary(GraphPass):
         module = torch.nn.Module()
         module.register_parameter("weight", torch.nn.Parameter(weight.detach()[ids].clone(), requires_grad=False))
         gm.add_submodule(self.config.module_name, module)
+        gm.meta.setdefault(FROZEN_COPIES, set()).add(f"{self.config.module_name}.weight")   # quantizable
         with gm.graph.inserting_before(head):
             reduced = gm.graph.get_attr(f"{self.config.module_name}.weight")
         reduced.meta = dict(weight_node.meta)

@@ -165,15 +165,15 @@ def varied_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
 PASS_TEST_MAX_LEN = 64
 
 
-def captured_tiny(family: str = "llama", **overrides):
-    """(HF model, CapturedProgram) of a seeded tiny model of `family`."""
+def captured_tiny(family: str = "llama", dtype: str = "float32", **overrides):
+    """(HF model, CapturedProgram) of a seeded tiny model of `family`, its weights in `dtype`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from specc.capture.export import capture
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).eval().to(getattr(torch, dtype))
     return model, capture(model, PASS_TEST_MAX_LEN)
 
 

@@ -17,7 +17,7 @@ from specc.passes.manager import run_passes
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantized_weights
 from specc.quantize.schemes import INT8, SCHEMES, Scheme, parse_scheme, scheme_for
-from specc.testing.checkpoints import captured_tiny, run_cached_steps
+from specc.testing.checkpoints import captured_tiny, empty_caches, run_cached_steps
 
 aten = torch.ops.aten
 
@@ -119,3 +119,34 @@ def test_graphs_of_one_program_share_one_packed_copy_and_only_the_chosen_weights
     second, _ = run_passes("b", graph_copy(full), [body_only])
     assert quantized_weights(first).keys() == quantized_weights(second).keys() != set()
     assert linears(first) == 1   # the LM head, left in its dtype
+
+
+def test_a_reduced_draft_head_is_packed_like_the_weights_it_was_cut_from(decoding_graph):
+    from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDraftVocabulary
+
+    full, _ = decoding_graph
+    frozen = {t.data_ptr() for t in full.parameters()}
+    quantizer = QuantizeLinearWeights(parse_scheme("q4"), quantizable=lambda t: t.data_ptr() in frozen)
+    reduced, records = run_passes("draft", graph_copy(full),
+                                  [ReduceDraftVocabulary(DraftVocabularyConfig(tuple(range(32)))), quantizer])
+    assert linears(reduced) == 0 and "draft_head.weight" not in dict(reduced.named_parameters())
+    assert any(name.startswith("draft_head.") for name in records[-1].added_parameters)
+
+
+def test_blocked_siblings_share_one_call_and_compute_the_bits_of_separate_ones(monkeypatch):
+    _, captured = captured_tiny("llama", dtype="bfloat16")
+    full, _ = run_passes("target", captured.graph_module, infrastructure_passes())
+    arch = captured.architecture
+    stacked, _ = run_passes("target", graph_copy(full), [QuantizeLinearWeights(parse_scheme("q4"))])
+    calls = [n for n in stacked.graph.nodes if n.target == torch.ops.specc.blocked_matmul.default]
+    assert len(calls) == 4 * arch.num_layers + 1   # q/k/v, o, gate/up, down per layer, and the head
+    assert any(name.endswith("gate_proj_up_proj_weight_blocks") for name, _ in stacked.named_buffers())
+    monkeypatch.setattr(QuantizeLinearWeights, "_sibling_groups", lambda self, module: [])
+    separate, _ = run_passes("target", graph_copy(full), [QuantizeLinearWeights(parse_scheme("q4"))])
+    ids = torch.randint(0, arch.vocab_size, (1, 9), generator=torch.Generator().manual_seed(4))
+
+    def logits(gm):
+        caches = [c.to(torch.bfloat16) for c in empty_caches(arch)]
+        return run_cached_steps(gm, ids, [(0, 6), (6, 9)], arch, caches=caches)
+
+    assert torch.equal(logits(stacked), logits(separate))
