@@ -16,7 +16,7 @@ from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_
 from specc.host.device import device_kind, move_graph, resolve_device
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import SpeccError, UsageError
-from specc.graph.nodes import attribute
+from specc.graph.nodes import FROZEN_COPIES, attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
@@ -263,10 +263,15 @@ def training_context(models: dict, method, config, max_seq_len: int, kernels: bo
 
 def install_weights(program: SpeculativeProgram, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Copy trained `weights` into every graph of `program` that holds a tensor of that name, in
-    that tensor's dtype; returns them as installed (the engine's added weights)."""
+    that tensor's dtype; returns them as installed (the engine's added weights). A frozen copy
+    a pass made (a reduced draft head, `FROZEN_COPIES`) that `--quantize` packed has nothing to
+    install: its rows are the model's own, copied when the graph was built."""
     installed = {}
+    copies = set().union(*(graph.module.meta.get(FROZEN_COPIES, set()) for graph in program.graphs.values()))
     for name, value in weights.items():
         holders = [graph.module for graph in program.graphs.values() if _has_tensor(graph.module, name)]
+        if not holders and name in copies:
+            continue
         if not holders:
             raise SpeccError(f"training produced {name!r}, which no graph of the program reads")
         with torch.no_grad():

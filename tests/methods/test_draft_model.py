@@ -240,3 +240,20 @@ def test_a_missing_calibration_file_fails_before_loading(checkpoints, tmp_path):
                              settings=[f"draft_model={draft}", "draft_vocab_size=8", "calib_data=no/such.txt"])
     with pytest.raises(UsageError, match="calib_data"):
         compile_engine(request)
+
+
+def test_a_q4_engine_packs_the_reduced_draft_head_and_matches_q4_none(checkpoints, tmp_path, one_thread):
+    """The reduced head is a frozen copy of the draft's rows: `--quantize` packs it, and the
+    engine stays token-identical to the `none` engine with the same weights."""
+    target, draft = checkpoints("llama")
+    common = dict(model=str(target), max_seq_len=MAX_SEQ_LEN, dtype="bfloat16", quantize="q4")
+    compile_engine(CompileRequest(method="none", output=tmp_path / "none", **common))
+    compile_engine(CompileRequest(method="draft-model", output=tmp_path / "draft",
+                                  settings=[f"draft_vocab_size={DRAFT_VOCAB}", f"draft_model={draft}"], **common))
+    none, engine = load_engine(tmp_path / "none"), load_engine(tmp_path / "draft")
+    draft_graph = engine.context.graphs["draft"]
+    assert not [n for n in draft_graph.graph.nodes if n.target == torch.ops.aten.linear.default]
+    prompts = varied_prompts(6, 96, seed=3)
+    results = [engine.generate_ids(p, MAX_NEW_TOKENS) for p in prompts]
+    assert [r.token_ids for r in results] == [none.generate_ids(p, MAX_NEW_TOKENS).token_ids for p in prompts]
+    assert sum(r.stats.accepted_tokens for r in results) > 0
