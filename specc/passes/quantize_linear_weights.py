@@ -71,8 +71,8 @@ class QuantizeLinearWeights(GraphPass):
                     for name in new_nodes(before[prefix], module)]
         return PassResult(gm, True, inserted=inserted, replaced=replaced, added_parameters=added)
 
-    def _quantizes(self, tensor: torch.Tensor) -> bool:
-        return tensor.dim() == 2 and tensor.is_floating_point() and self.quantizable(tensor)
+    def _quantizes(self, tensor: torch.Tensor, frozen_copy: bool = False) -> bool:
+        return tensor.dim() == 2 and tensor.is_floating_point() and (frozen_copy or self.quantizable(tensor))
 
     def _reads_attribute(self, module: fx.GraphModule, node: fx.Node) -> bool:
         """A linear whose weight is a get_attr of a tensor this pass quantizes, or of a frozen
@@ -80,10 +80,8 @@ class QuantizeLinearWeights(GraphPass):
         weight = node.args[1] if is_linear(node) else None
         if not (isinstance(weight, fx.Node) and weight.op == "get_attr"):
             return False
-        tensor = attribute(module, weight.target)
-        if weight.target in module.meta.get(FROZEN_COPIES, ()):
-            return tensor.dim() == 2 and tensor.is_floating_point()
-        return self._quantizes(tensor)
+        return self._quantizes(attribute(module, weight.target),
+                               frozen_copy=weight.target in module.meta.get(FROZEN_COPIES, ()))
 
     def _packed(self, tensor: torch.Tensor) -> tuple[Scheme, dict]:
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
