@@ -12,7 +12,10 @@ the systems in rotated order per prompt and repeat, as `specc bench` does).
 It reports, per engine, tokens per second (median over repeats, new tokens /
 wall seconds over the prompts), the speedup over the reference, the mean
 accepted length M (new tokens per target forward, prefill and bonus token
-included), the acceptance rate α, and token identity with the reference.
+included), the acceptance rate α, and token identity with the reference; and
+the bandwidth bound on the reference's decoding (its weight bytes per step at
+the read rate sampled between repeats, as `specc bench` reports it) with the
+share of it the reference reaches.
 Results go to benchmarks/results/<device>-<name>-<prompts>-<tokens>tok.{json,md}.
 """
 
@@ -45,6 +48,7 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specc.bench.bandwidth import BandwidthSamples
     from specc.bench.harness import encode_fitting, quiet_transformers
     from specc.bench.machine import device_label, machine_info, versions
     from specc.bench.memory import MemoryProbe
@@ -66,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                for name, engine in zip(names, engines)]
     systems += peers
     names += [peer.name for peer in peers]
-    runs = run_interleaved(systems, prompt_ids, args.repeats, MemoryProbe(), show_progress=True)
+    bandwidth = BandwidthSamples()
+    runs = run_interleaved(systems, prompt_ids, args.repeats, MemoryProbe(), show_progress=True,
+                           between_repeats=bandwidth)
     summary = summarize(runs, names, len(prompt_ids))
     doc = {"schema": "specc-side-by-side/1", "model": args.name, "machine": machine_info(), "versions": versions(),
            "settings": {"prompt_set": prompt_set.name, "num_prompts": len(prompt_ids),
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                        for name, engine in zip(names, engines)},
            "peers": {peer.name: peer.describe() for peer in peers},
            "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary,
+           "bandwidth_bound": reference_bound(engines[0], bandwidth, runs, names[0], len(prompt_ids)),
            "runs": [run.to_json() for run in runs]}
     stem = f"{device_label()}-{args.name}-{prompt_set.name}-{args.max_new_tokens}tok"
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +105,20 @@ def _peers(args, reference, threads: int) -> list:
 
     gguf = source_gguf(reference.manifest, args.gguf)
     return llama_cpp_systems(gguf, threads, args.max_new_tokens, reference.max_seq_len)
+
+
+def reference_bound(reference, bandwidth, runs, name: str, prompts: int) -> dict:
+    """The bandwidth bound on the reference engine's decode steps, and the share its decoding reaches."""
+    from specc.bench.bandwidth import checkpoint_parameters, weight_bytes_per_token
+    from specc.bench.baselines import source_checkpoint
+    from specc.bench.statistics import decode_throughput_by_repeat, spread
+
+    parameters = checkpoint_parameters(source_checkpoint(reference.manifest))
+    bound = bandwidth.bound(weight_bytes_per_token(parameters, reference.manifest))
+    decode = decode_throughput_by_repeat(runs, name, set(range(prompts)))
+    median = spread(decode).median if decode else None
+    return {**bound, "reference_decode_tokens_per_second": median,
+            "reference_share_of_bound": median / bound["bound_tokens_per_second"] if median else None}
 
 
 def _system_name(engine, index: int) -> str:
@@ -164,8 +185,19 @@ def markdown(doc: dict) -> str:
                      f"{engine['dtype']}{weights} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
                      f"{speedup['median']:.2f}x | {_figure(row['mean_accepted_length'])} | {alpha} | "
                      f"{row['identical_to_reference']} |")
-    lines += [""] + [f"note: {note}" for note in doc["notes"]]
+    lines += ["", _bound_line(doc["bandwidth_bound"])] + [f"note: {note}" for note in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _bound_line(bound: dict) -> str:
+    low, high = bound["read_bytes_per_second_range"]
+    share = bound["reference_share_of_bound"]
+    reached = "n/a" if share is None else \
+        f"{bound['reference_decode_tokens_per_second']:.2f} tok/s = {share:.0%} of it"
+    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights per decode step at "
+            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read ({low / 1e9:.1f}-{high / 1e9:.1f}) -> "
+            f"{bound['bound_tokens_per_second']:.2f} tok/s; the reference decodes (prefill excluded) {reached}  "
+            f"({bound['measured_by']})")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ clocks wake up. So one reading is no bound: the benchmark takes a sample
 between its repeats (`BandwidthSamples`), each a warm-up followed by the best
 of a few passes, and reports the median with the range. Weight bytes count
 every parameter once (a tied embedding and LM head read one matrix) at the
-engine's dtype; activations and the KV cache are left out, so the bound is
-slightly optimistic.
+engine's dtype, except the linear layers a quantized engine packed, which
+count at their packed size with their scales (the manifest's
+`quantization.bytes`); activations and the KV cache are left out, so the
+bound is slightly optimistic.
 """
 
 from __future__ import annotations
@@ -54,15 +56,36 @@ class BandwidthSamples:
     def __call__(self) -> None:
         self.values.append(self._read())
 
-    def bound(self, parameters: int, dtype: str) -> dict:
+    def bound(self, weight_bytes: int) -> dict:
         if not self.values:
             self()
-        return decode_bound(parameters, dtype, self.values)
+        return decode_bound(weight_bytes, self.values)
 
 
-def decode_bound(parameters: int, dtype: str, samples: list[float]) -> dict:
-    """Weight bytes per token at `dtype` and the tokens per second the median read rate allows."""
-    weight_bytes = parameters * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+def weight_bytes_per_token(parameters: int, manifest: dict) -> int:
+    """Bytes of weights one decode step of the engine reads: `parameters` at the engine's dtype,
+    with the linear weights its `--quantize` packed counted at their packed size instead."""
+    weight_bytes = parameters * torch.empty((), dtype=getattr(torch, manifest["dtype"])).element_size()
+    quantization = manifest.get("quantization")
+    if quantization:
+        packed = quantization["bytes"]
+        weight_bytes += packed["quantized"] - packed["unquantized"]
+    return weight_bytes
+
+
+def checkpoint_parameters(checkpoint) -> int:
+    """The checkpoint's parameter count (a tied embedding and LM head once), from its config alone:
+    the model is built on the meta device, so nothing is loaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    return sum(p.numel() for p in model.parameters())
+
+
+def decode_bound(weight_bytes: int, samples: list[float]) -> dict:
+    """The tokens per second the median read rate allows a step that reads `weight_bytes`."""
     median = statistics.median(samples)
     return {"weight_bytes_per_token": weight_bytes, "read_bytes_per_second": round(median),
             "read_bytes_per_second_range": [round(min(samples)), round(max(samples))],

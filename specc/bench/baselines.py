@@ -26,6 +26,7 @@ PROMPT_LOOKUP_TOKENS = 10
 class Baselines:
     systems: list[System]
     model_info: dict
+    none_manifest: dict   # the `none` engine's: what a plain decode step reads (the bandwidth bound)
     notes: list[str] = field(default_factory=list)
 
 
@@ -57,12 +58,13 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
     assisted, note = _assisted_system(manifest, model, max_new_tokens)
     systems += [assisted] if assisted else []
     notes += [note] if note else []
-    systems.append(_none_system(engine, checkpoint, max_new_tokens, workdir, none_engine))
+    none, none_manifest = _none_system(engine, checkpoint, max_new_tokens, workdir, none_engine)
+    systems.append(none)
     model_info = {"checkpoint": str(checkpoint), "model_type": model.config.model_type,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
                   "hidden_size": model.config.hidden_size}
-    return Baselines(systems, model_info, notes)
+    return Baselines(systems, model_info, none_manifest, notes)
 
 
 def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
@@ -81,7 +83,8 @@ def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System
     return hf_system(HF_ASSISTED, "HF assisted generation", model, max_new_tokens, assistant=draft), None
 
 
-def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, none_engine: Path | None) -> System:
+def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path,
+                 none_engine: Path | None) -> tuple[System, dict]:
     from specc.engine.loaded import load_engine
 
     manifest = engine.manifest
@@ -95,7 +98,8 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path, n
                                       quantize=quantization_scheme(manifest)))
     baseline = load_engine(none_engine, engine.backend.name, str(engine.device))
     _check_comparable(baseline.manifest, manifest, none_engine)
-    return engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens)
+    return (engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens),
+            baseline.manifest)
 
 
 def _check_comparable(baseline: dict, engine: dict, path: Path) -> None:

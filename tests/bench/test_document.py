@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specc.bench.bandwidth import BandwidthSamples, decode_bound, read_bandwidth
+from specc.bench.bandwidth import BandwidthSamples, decode_bound, read_bandwidth, weight_bytes_per_token
 from specc.bench.document import SCHEMA, build_document
 from specc.bench.memory import MemoryProbe
 from specc.bench.plot import write_chart
@@ -210,13 +210,19 @@ def test_a_compile_time_prediction_is_reported_beside_the_measurement():
 def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2, warmup_seconds=0.01)
     assert bandwidth > 1e8
-    bound = decode_bound(1000, "bfloat16", [4000.0])
+    bound = decode_bound(weight_bytes_per_token(1000, {"dtype": "bfloat16"}), [4000.0])
     assert bound["weight_bytes_per_token"] == 2000 and bound["bound_tokens_per_second"] == 2.0
     doc = _document(bandwidth_bound=bound)
     none_decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
     assert doc["bandwidth_bound"]["specc_none_share_of_bound"] == pytest.approx(none_decode / 2.0)
     assert "bandwidth bound: 0 MB of weights per token" in format_report(doc)
     assert _document()["bandwidth_bound"] is None and "bandwidth bound" not in format_report(_document())
+
+
+def test_a_quantized_engine_s_bound_counts_its_packed_linear_weights_at_their_packed_size():
+    manifest = {"dtype": "bfloat16", "quantization": {"bytes": {"quantized": 300, "unquantized": 1600}}}
+    assert weight_bytes_per_token(1000, manifest) == 2000 - 1600 + 300
+    assert weight_bytes_per_token(1000, {"dtype": "float32"}) == 4000
 
 
 def test_in_reduced_precision_losslessness_is_identity_with_specc_none():
@@ -251,7 +257,7 @@ def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range
     run_interleaved(systems, [[1], [2]], repeats=2, memory=MemoryProbe(), show_progress=False,
                     between_repeats=samples)
     assert samples.values == [3000.0, 9000.0, 4000.0]          # before each repeat and after the last
-    bound = samples.bound(1000, "bfloat16")
+    bound = samples.bound(2000)
     assert bound["read_bytes_per_second"] == 4000 and bound["read_bytes_per_second_range"] == [3000, 9000]
     assert bound["bound_tokens_per_second"] == 2.0 and bound["bound_tokens_per_second_range"] == [1.5, 4.5]
     doc = _document(bandwidth_bound=bound)
@@ -259,4 +265,4 @@ def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range
     assert doc["bandwidth_bound"]["specc_none_share_of_bound_range"] == pytest.approx([decode / 4.5, decode / 1.5])
     report = format_report(doc)
     assert "GB/s read (0.0–0.0) → 2.0 tok/s" in report and "% over the read-rate range)" in report
-    assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(1000, "bfloat16", [4e3])))
+    assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(2000, [4e3])))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from transformers import AutoModelForCausalLM
+
 from specc.compiler import CompileRequest, compile_engine
 from tests.bench.scripts import load_benchmark
 
@@ -29,6 +31,10 @@ def test_engines_run_side_by_side_against_the_first(checkpoints, tmp_path, one_t
     assert len(doc["runs"]) == 3 * 2 * 2
     table = written.with_suffix(".md").read_text()
     assert "| draft-model (" in table and "2/2 |" in table
+    bound = doc["bandwidth_bound"]
+    parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(target).parameters())
+    assert bound["weight_bytes_per_token"] == 4 * parameters, "float32: every parameter, 4 bytes"
+    assert bound["reference_share_of_bound"] > 0 and "bandwidth bound:" in table
 
 
 def test_llama_cpp_runs_beside_them_on_the_first_engines_gguf(checkpoints, tmp_path, one_thread, monkeypatch):
