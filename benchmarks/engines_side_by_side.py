@@ -1,7 +1,12 @@
 """Several compiled engines of one model, side by side in one process, against the first.
 
     python benchmarks/engines_side_by_side.py build/q15/none build/q15/prompt-lookup build/q15/draft-model \
+        build/q15/kangaroo build/q15/kangaroo@lookup=true \
         --prompts code --num-prompts 8 --max-new-tokens 128 --repeats 2 --name qwen2.5-coder-1.5b
+
+An engine written `DIR@KEY=VALUE[@KEY=VALUE...]` loads with those lookup branch
+settings changed (`specc run --set`), so one compiled engine runs with and
+without its lookup branch.
 
 `specc bench` measures one engine against Hugging Face's `generate` and the
 `none` engine; on a real-size model on the CPU each of those baselines costs
@@ -33,7 +38,8 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("engines", nargs="+", type=Path, help="engine directories; the first is the reference")
+    parser.add_argument("engines", nargs="+", help="engine directories, each optionally followed by "
+                                                   "@KEY=VALUE load-time settings; the first is the reference")
     parser.add_argument("--prompts", default="code", help="prompt set or file, as for `specc bench`")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     threads = apply_threads()
     quiet_transformers()
-    engines = [load_engine(path) for path in args.engines]
+    engines = [load_engine(path, settings=settings) for path, settings in map(engine_and_settings, args.engines)]
     peers = _peers(args, engines[0], threads)
     prompt_set = load_prompt_set(args.prompts, args.num_prompts)
     prompts, prompt_ids, notes = encode_fitting(engines[0], prompt_set, args.max_new_tokens)
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                         "decoding": "greedy, batch 1", "interleaved": True},
            "engines": {name: {"path": str(engine.path), "method": engine.manifest["method"],
-                              "method_config": engine.manifest["method_config"],
+                              "method_config": engine.config.to_json(),
                               "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
                               "quantization": engine.manifest.get("quantization"),
                               "compile_seconds": engine.manifest.get("compile_seconds")}
@@ -121,8 +127,17 @@ def reference_bound(reference, bandwidth, runs, name: str, prompts: int) -> dict
             "reference_share_of_bound": median / bound["bound_tokens_per_second"] if median else None}
 
 
+def engine_and_settings(argument: str) -> tuple[Path, list[str]]:
+    """`DIR@KEY=VALUE@...` as the directory and its load-time settings."""
+    path, *settings = argument.split("@")
+    if any("=" not in setting for setting in settings):   # an @ that is part of the directory's name
+        return Path(argument), []
+    return Path(path), settings
+
+
 def _system_name(engine, index: int) -> str:
-    return f"{index}-{engine.manifest['method']}"
+    lookup = "-lookup" if engine.config.to_json().get("lookup") else ""
+    return f"{index}-{engine.manifest['method']}{lookup}"
 
 
 def summarize(runs, names: list[str], prompts: int) -> dict:

@@ -40,12 +40,14 @@ def compile(model: str | Path, method: str, output: str | Path, *, backend: str 
                                          quantize=quantize))
 
 
-def load(engine: str | Path, backend: str | None = None, device: str | None = None) -> "Engine":
+def load(engine: str | Path, backend: str | None = None, device: str | None = None,
+         settings: dict | None = None) -> "Engine":
     """`specc run`'s loader: verify the engine's files and build its runtime on `device`
-    (default auto: a CUDA device when present; an aoti engine: the kind it was compiled for)."""
+    (default auto: a CUDA device when present; an aoti engine: the kind it was compiled for);
+    `settings` changes lookup branch fields as the engine loads (`--set`, e.g. {"lookup": True})."""
     from specc.engine.loaded import load_engine
 
-    return Engine(load_engine(engine, backend, device))
+    return Engine(load_engine(engine, backend, device, [f"{k}={v}" for k, v in (settings or {}).items()]))
 
 
 class Engine:

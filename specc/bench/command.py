@@ -20,7 +20,7 @@ def run_bench(args) -> int:
                            repeats=args.repeats, num_prompts=args.num_prompts,
                            chat_template=not getattr(args, "no_chat_template", False),
                            device=getattr(args, "device", None), peers=tuple(getattr(args, "baseline", ()) or ()),
-                           gguf=getattr(args, "gguf", None))
+                           gguf=getattr(args, "gguf", None), settings=tuple(getattr(args, "settings", ()) or ()))
     doc = benchmark(options)
     print(format_report(doc), end="")
     banner = identity_banner(doc)

@@ -33,6 +33,7 @@ class BenchOptions:
     device: str | None = None             # --device (None: auto; an aoti engine: where it was compiled for)
     peers: tuple[str, ...] = ()           # --baseline: other engines run as baselines (llama.cpp)
     gguf: Path | None = None              # --gguf: the file llama.cpp runs (default: the engine's source GGUF)
+    settings: tuple[str, ...] = ()        # --set: lookup branch settings changed as the engine loads
 
 
 def benchmark(options: BenchOptions) -> dict:
@@ -44,13 +45,16 @@ def benchmark(options: BenchOptions) -> dict:
     if options.repeats < 1:
         raise UsageError(f"--repeats {options.repeats} must be at least 1")
     quiet_transformers()
-    engine = load_engine(options.engine, device=options.device)
+    engine = load_engine(options.engine, device=options.device, settings=list(options.settings))
     source_checkpoint(engine.manifest)   # fail before any other work if the checkpoint is gone
     peer_gguf = _peer_gguf(engine, options)
     prompt_set = load_prompt_set(options.prompts, options.num_prompts)
     prompts, prompt_ids, notes = encode_fitting(engine, prompt_set, options.max_new_tokens, options.chat_template)
     chat_formatted = any(p["chat_template"] for p in prompts)
     notes = prompt_set.notes + notes
+    if options.settings:
+        notes.append(f"set as the engine loaded (--set): {', '.join(options.settings)}; the method_config "
+                     f"reported is the one it ran with")
     if engine.max_draft_rows is not None:
         notes.append(f"drafts capped at {engine.max_draft_rows} nodes, root included, verified as chains within "
                      f"one {KEY_BLOCK}-key block: the rows the {engine.manifest['backend']} backend computes in "
@@ -78,7 +82,7 @@ def benchmark(options: BenchOptions) -> dict:
                               "median, min and max over repeats",
                 "mean_accepted_length": "new tokens per target forward, bonus token and prefill included"}
     return build_document(
-        engine_manifest=engine.manifest, engine_path=str(options.engine), model_info=baselines.model_info,
+        engine_manifest={**engine.manifest, "method_config": engine.config.to_json()}, engine_path=str(options.engine), model_info=baselines.model_info,
         machine=machine_info(), versions=versions(), settings=settings, prompts=prompts, systems=systems,
         runs=runs, memory=memory, notes=notes + baselines.notes, bandwidth_bound=bound,
     )

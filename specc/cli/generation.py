@@ -66,7 +66,7 @@ def run(args) -> int:
 
     sampling = _sampling(args)
     prompts = read_prompts(args.prompt, args.prompt_file)
-    engine = load_engine(args.engine, args.backend, args.device)
+    engine = load_engine(args.engine, args.backend, args.device, args.settings)
     encoded = []
     for text in prompts:    # every prompt is checked before the first one runs
         if args.chat:
@@ -124,7 +124,7 @@ def chat(args, stdin=None) -> int:
 
     stdin = stdin or sys.stdin
     sampling = _sampling(args)
-    engine = load_engine(args.engine, args.backend, args.device)
+    engine = load_engine(args.engine, args.backend, args.device, args.settings)
     if not has_chat_template(engine.tokenizer):
         raise UsageError(f"the tokenizer of {args.engine} has no chat template, so it cannot chat; "
                          f"use `specc run {args.engine} --prompt TEXT` for plain continuation")

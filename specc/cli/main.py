@@ -112,6 +112,13 @@ def _sampling_options(p, max_new_tokens: int | None = 64,
                    help="override the engine's backend with one that lowers at load time (eager, inductor); "
                         "default: the engine's own")
     _device_option(p, "the engine runs (an aoti engine: where it was compiled for)")
+    _load_settings_option(p)
+
+
+def _load_settings_option(p) -> None:
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a lookup branch setting of a composable engine as it loads, without "
+                        "recompiling: lookup=true|false, lookup_max_ngram=N, lookup_tokens=N (repeatable)")
 
 
 def _add_run(verbs):
@@ -175,6 +182,7 @@ def _add_serve(verbs):
     p.add_argument("--backend", default=None,
                    help="override the engine's backend with one that lowers at load time (eager, inductor)")
     _device_option(p, "the engine runs (an aoti engine: where it was compiled for)")
+    _load_settings_option(p)
     _prefix_reuse_option(p, "request")
     return p
 
@@ -203,7 +211,8 @@ def _add_inspect(verbs):
 def _add_bench(verbs):
     p = _verb(verbs, "bench", "measure speed and acceptance against plain decoding",
               "  specc bench engines/m\n  specc bench engines/m --prompts spec_bench --num-prompts 8 --json out.json\n"
-              "  specc bench engines/m --baseline llama.cpp --max-new-tokens 128\n")
+              "  specc bench engines/m --baseline llama.cpp --max-new-tokens 128\n"
+              "  specc bench engines/kangaroo --set lookup=true     the engine with its lookup branch on\n")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--prompts", default="code", help="prompt set name (code, text, spec_bench, gsm8k) or a "
                                                      "JSONL/text file")
@@ -220,6 +229,7 @@ def _add_bench(verbs):
     p.add_argument("--gguf", type=Path, metavar="FILE",
                    help="the GGUF file --baseline llama.cpp runs (default: the one the engine was compiled from)")
     _device_option(p, "the engine and its baselines run (an aoti engine: where it was compiled for)")
+    _load_settings_option(p)
     return p
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specc.contract.config import MethodConfig
+from specc.contract.config import MethodConfig, parse_assignments
 from specc.contract.options import CompositionOptions
 from specc.errors import UsageError
 from specc.runtime.drafter import MethodRuntime
@@ -52,6 +52,24 @@ def engine_runtime(method, context, config: MethodConfig) -> MethodRuntime:
     """What an engine of `method` (a `MethodDescriptor`) runs: its runtime, with the lookup
     branches `config` asks for."""
     return with_lookup_branches(method.build_runtime(context, config), method.name, config, context.state)
+
+
+LOAD_TIME_FIELDS = ("lookup", "lookup_max_ngram", "lookup_tokens")   # the corpus is tokenized at compile time
+
+
+def with_load_time_settings(config: MethodConfig, method: str, assignments: list[str]) -> MethodConfig:
+    """`config` with the lookup branch settings `assignments` (`key=value`) change: an engine
+    builds its branches when it loads, so these need no recompilation."""
+    if not assignments:
+        return config
+    if not isinstance(config, CompositionOptions):
+        raise UsageError(f"method {method!r} has no lookup branches to set when the engine loads; only a method "
+                         f"whose drafter composes takes {', '.join(LOAD_TIME_FIELDS)}")
+    fixed = sorted(set(parse_assignments(assignments)) - set(LOAD_TIME_FIELDS))
+    if fixed:
+        raise UsageError(f"{', '.join(fixed)} cannot change when an engine loads (only "
+                         f"{', '.join(LOAD_TIME_FIELDS)} can); recompile with --set")
+    return config.with_assignments(assignments)
 
 
 def lookup_corpus_requested(config: MethodConfig) -> bool:

@@ -27,7 +27,7 @@ configs were versioned); a different version is read through the class's
 from __future__ import annotations
 
 import copy
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar, get_type_hints
 
 from specc.contract.bounds import Bounds
@@ -132,16 +132,19 @@ class MethodConfig:
     @classmethod
     def from_assignments(cls, assignments: list[str]) -> "MethodConfig":
         """Parse `key=value` strings from the command line."""
-        data = {}
-        for item in assignments:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise UsageError(f"malformed config setting {item!r}; write it as key=value")
-            data[key.strip().replace("-", "_")] = value.strip()
-        return cls._from_fields(data)
+        return cls._from_fields(parse_assignments(assignments))
+
+    def with_assignments(self, assignments: list[str]) -> "MethodConfig":
+        """This config with the fields `key=value` strings from the command line set (checked as
+        `from_assignments` checks them)."""
+        return replace(self, **self._typed_fields(parse_assignments(assignments)))
 
     @classmethod
     def _from_fields(cls, data: dict[str, Any]) -> "MethodConfig":
+        return cls(**cls._typed_fields(data))
+
+    @classmethod
+    def _typed_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -150,7 +153,7 @@ class MethodConfig:
                 f"known fields: {', '.join(sorted(known)) or '(none)'}"
             )
         hints = get_type_hints(cls)
-        return cls(**{k: _coerce(cls, k, v, hints[k]) for k, v in data.items()})
+        return {k: _coerce(cls, k, v, hints[k]) for k, v in data.items()}
 
     @classmethod
     def ordered_fields(cls) -> list[Field]:
@@ -198,6 +201,17 @@ class MethodConfig:
                               "default": f.default if f.default is not MISSING else None,
                               "help": cls.field_help(f.name), "allowed": bounds.describe() if bounds else None})
         return described
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    """`key=value` strings from the command line as {field name: value text}."""
+    data = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"malformed config setting {item!r}; write it as key=value")
+        data[key.strip().replace("-", "_")] = value.strip()
+    return data
 
 
 def _type_name(hint) -> str:

@@ -25,7 +25,7 @@ from specc.lower.row_padding import exact_calls
 from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
-from specc.contract.composition import engine_runtime
+from specc.contract.composition import engine_runtime, with_load_time_settings
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
@@ -45,7 +45,8 @@ def _tensor_kind_of_the_warm_up(backend: Backend):
 
 
 class LoadedEngine:
-    def __init__(self, path: Path, manifest: dict, backend: Backend, device: torch.device = torch.device("cpu")):
+    def __init__(self, path: Path, manifest: dict, backend: Backend, device: torch.device = torch.device("cpu"),
+                 settings: list[str] = ()):
         self.path = path
         self.manifest = manifest
         self.backend = backend
@@ -54,7 +55,8 @@ class LoadedEngine:
         self.dtype = getattr(torch, manifest["dtype"])
         self.method = get_method(manifest["method"])
         check_backend(self.method, backend)
-        self.config = read_method_config(self.method, manifest, path)
+        self.config = with_load_time_settings(read_method_config(self.method, manifest, path), self.method.name,
+                                              list(settings))
         start = time.perf_counter()
         try:
             targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)
@@ -160,16 +162,18 @@ class LoadedEngine:
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
-def load_engine(path: str | Path, backend: str | None = None, device: str | None = None) -> LoadedEngine:
+def load_engine(path: str | Path, backend: str | None = None, device: str | None = None,
+                settings: list[str] = ()) -> LoadedEngine:
     """The engine at `path`, lowered with `backend` (default: the one it was compiled for) on
-    `device` (default `auto`: a CUDA device when present, else the CPU)."""
+    `device` (default `auto`: a CUDA device when present, else the CPU), with the lookup branch
+    `settings` (`key=value`: `contract.composition.LOAD_TIME_FIELDS`) changed from its manifest's."""
     path = Path(path)
     manifest = read_verified_manifest(path)
     backend = get_backend(backend or manifest["backend"])
     resolved = resolve_device(manifest.get("device", "cpu") if _keeps_built_device(backend, manifest, device)
                               else device)
     check_engine_device(manifest, backend, resolved)
-    return LoadedEngine(path, manifest, backend, resolved)
+    return LoadedEngine(path, manifest, backend, resolved, settings)
 
 
 def _keeps_built_device(backend: Backend, manifest: dict, device: str | None) -> bool:

@@ -21,7 +21,7 @@ def serve(args) -> int:
         raise UsageError(f"--port {args.port} must be between 0 and 65535")
     if args.max_queue < 1:
         raise UsageError(f"--max-queue {args.max_queue} must be at least 1")
-    engine = load_engine(args.engine, args.backend, args.device)
+    engine = load_engine(args.engine, args.backend, args.device, args.settings)
     name = args.model_name or args.engine.resolve().name
     url = f"http://{args.host}:{args.port}"
 

@@ -68,6 +68,35 @@ def test_without_lookup_settings_the_methods_drafter_runs_alone(composed_engine)
     assert type(plain.drafter).__name__ == "DraftModelDrafter"
 
 
+def test_the_lookup_branch_is_switched_as_an_engine_loads_without_recompiling(composed_engine, one_thread):
+    engine, target = composed_engine("draft-model")
+    off = load_engine(engine.path, settings=["lookup=false"])
+    assert type(off.drafter).__name__ == "DraftModelDrafter" and off.config.lookup is False
+    tuned = load_engine(engine.path, settings=["lookup=true", "lookup_tokens=4"])
+    assert type(tuned.drafter).__name__ == "ComposedDrafter" and tuned.config.lookup_tokens == 4
+    assert_matches_hf_greedy(lambda ids: tuned.generate_ids(ids, MAX_NEW_TOKENS), target,
+                             repeating_prompts()[:3], MAX_NEW_TOKENS)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["num_draft_tokens=2"], "num_draft_tokens cannot change when an engine loads"),
+    (["lookup_tokens=0"], "lookup_tokens"),
+    (["lookup_corpus=x.jsonl"], "lookup_corpus cannot change"),
+    (["lookup"], "malformed config setting"),
+])
+def test_load_time_settings_other_than_the_lookup_branch_s_are_refused(composed_engine, settings, message):
+    engine, _ = composed_engine("draft-model")
+    with pytest.raises(UsageError, match=message):
+        load_engine(engine.path, settings=settings)
+
+
+def test_a_method_that_does_not_compose_takes_no_load_time_settings(tmp_path):
+    target = build_tiny_checkpoint("llama", tmp_path / "target")
+    compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "engine", max_seq_len=32))
+    with pytest.raises(UsageError, match="'none' has no lookup branches"):
+        load_engine(tmp_path / "engine", settings=["lookup=true"])
+
+
 @pytest.mark.parametrize("method", ["kangaroo", "draft-model", "eagle"])
 def test_every_composable_method_lists_the_shared_lookup_settings(method):
     fields = {field["name"] for field in get_method(method).config_class.describe_fields()}
