@@ -109,7 +109,8 @@ def accepted_tokens(draft: Draft, acceptance: Acceptance) -> list[int]:
 # Catch-ups of more rows than a decode-sized call are padded to a multiple of this many rows.
 # Such calls run kernels (oneDNN's, on the CPU) that are set up once per row count and process,
 # at several times the cost of a call, and a catch-up's row count is how many tokens lookup
-# copied since the head last ran. Measurements: benchmarks/NOTES.md, "eagle on SmolLM2".
+# copied since the head last ran. Measurements: benchmarks/NOTES.md, the draft head with lookup on
+# SmolLM2 (issue 34).
 CATCH_UP_ROW_MULTIPLE = 8
 DECODE_SIZED_ROWS = 4
 

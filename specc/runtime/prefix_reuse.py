@@ -20,7 +20,7 @@ so both leave the same cache behind.
 Reuse needs a target whose KV cache is all of its per-token state and a
 drafter that can begin from a prefill of the prompt's last rows only: both
 say so in their capabilities, `Capabilities(resumable=True)` (a plain `CachedModel`, say, or
-Kangaroo's exit verifier; drafters that keep nothing per token, or keep it
+a verifier that resumes at an exit layer; drafters that keep nothing per token, or keep it
 only up to where the reused prefix ends), and a resumable target counts its
 calls in `forward_passes`. Without them every prompt is prefilled whole.
 """
