@@ -1,5 +1,6 @@
 """The tokens a speculative round yields and the improvement factor, from per-depth acceptance,
-for any method's rounds (the formulas: ../shared/METHODS.md, "Expected speedup", eq. 11-12 of its papers).
+for any method's rounds (the formulas: ../shared/METHODS.md, "Expected speedup", eq. 11-12 of
+its papers).
 
 τ(γ) = Σ_{n=1}^{γ+1} n · Π_{k<n} α_k · z_n, z_n = 1 − α_n for n ≤ γ and 1 for
 n = γ + 1; IF = τ / (δ + β + 1), with β the draft cost and δ the other overhead
