@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 
 from specc.errors import SpeccError, UsageError
+from specc.graph.nodes import rows_computed_alike
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
@@ -81,10 +82,14 @@ class AOTInductorBackend(Backend):
     # the row count changed the rounding enough to flip bfloat16 near-ties; padded to 4 rows, every
     # row matched except where the call's rows straddled a key block (`rows_in_key_block`, which the
     # loop respects). Measurements: docs/backends.md#measurements-behind-the-lowering-choices.
-    row_exactness = RowExactness.PADDED
+    # A graph whose every linear is specc's or PyTorch's quantized kernel and whose attention pads
+    # its own rows (`graph.nodes.rows_computed_alike`) runs as called: the package keeps those
+    # kernels as calls, and the rest of what Inductor generates computes each row on its own
+    # (tests/engine/test_exact_rows.py), so a one-row decode step skips three rows of work.
+    row_exactness = RowExactness.PADDED_UNLESS_ALIKE
 
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
-        files = [_package(target, artifacts / f"{target.name}.pt2", _narrow_rows(target))]
+        files = [_package(target, artifacts / f"{target.name}.pt2", _narrow_rows(target)[0])]
         if _query_axis(target) is not None and target.device.type == "cpu":   # see WIDE_ROWS
             files.append(_package(target, artifacts / f"{target.name}{WIDE_SUFFIX}", WIDE_ROWS))
         return files
@@ -101,7 +106,7 @@ class AOTInductorBackend(Backend):
         narrow = _load_package(package, target.device)
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
-            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis)
+            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis, _narrow_rows(target)[1])
         return narrow
 
     def lower_segment(self, segment):
@@ -111,21 +116,27 @@ class AOTInductorBackend(Backend):
 NARROW_ROWS, WIDE_ROWS = 3, 12   # query rows of the example each package is tuned at
 NARROW_ROWS_BF16 = EXACT_ROWS      # and every bfloat16 call of fewer rows runs padded to this many
 NARROW_MAX_ROWS = 4               # calls with more rows run the wide package
+# A graph that pads its own attention rows (`rows_computed_alike`) runs calls of fewer than
+# `EXACT_ROWS` rows as they come. Its padding branches on the row count, and `torch.export`
+# guards the branch it traces, so its narrow package is traced below `EXACT_ROWS` and serves
+# only calls of fewer rows; the wide one serves the rest.
+ALIKE_NARROW_ROWS = 2
+ALIKE_NARROW_MAX_ROWS = EXACT_ROWS - 1
 MIN_CHUNK_PER_THREAD = 16384     # elements per thread below which a kernel runs on one thread
 WIDE_SUFFIX = ".wide.pt2"
 
 
 class RowDispatch:
-    """Calls the narrow package up to `NARROW_MAX_ROWS` query rows, the wide one above
-    (in bfloat16 behind `PaddedRows`, so calls of fewer rows arrive padded)."""
+    """Calls the narrow package up to `max_rows` query rows, the wide one above (in bfloat16
+    behind `PaddedRows` unless the graph computes rows alike, so calls of fewer rows arrive padded)."""
 
-    def __init__(self, narrow, wide, input_index: int, axis: int):
+    def __init__(self, narrow, wide, input_index: int, axis: int, max_rows: int = NARROW_MAX_ROWS):
         self.narrow, self.wide = narrow, wide
-        self.input_index, self.axis = input_index, axis
+        self.input_index, self.axis, self.max_rows = input_index, axis, max_rows
 
     def __call__(self, *args):
         rows = args[self.input_index].shape[self.axis]
-        return (self.narrow if rows <= NARROW_MAX_ROWS else self.wide)(*args)
+        return (self.narrow if rows <= self.max_rows else self.wide)(*args)
 
 
 def _load_package(path: Path, device: torch.device):
@@ -142,8 +153,13 @@ def _query_axis(target: LoweringTarget) -> tuple[int, int] | None:
     return axes[0] if axes else None
 
 
-def _narrow_rows(target: LoweringTarget) -> int:
-    return NARROW_ROWS_BF16 if target.dtype == torch.bfloat16 else NARROW_ROWS
+def _narrow_rows(target: LoweringTarget) -> tuple[int, int]:
+    """(the query rows the narrow package is traced and tuned at, the most rows it serves)."""
+    if target.dtype != torch.bfloat16:
+        return NARROW_ROWS, NARROW_MAX_ROWS
+    if rows_computed_alike(target.module) == EXACT_ROWS:
+        return ALIKE_NARROW_ROWS, ALIKE_NARROW_MAX_ROWS
+    return NARROW_ROWS_BF16, NARROW_MAX_ROWS
 
 
 def _package(target: LoweringTarget, path: Path, rows: int) -> str:

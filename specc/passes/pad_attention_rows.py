@@ -9,16 +9,19 @@ row count but take longer for four rows than for one, and of the rest of the gra
 only attention rounds rows differently (measurements: docs/quantization.md). So,
 once every linear is quantized, this pass pads where it matters only:
 
-    pad  = max(rows - q, 0)
-    out  = sdpa(cat([query, last query row repeated pad times]), …, cat([mask, last mask row …]))[:, :, :q]
+    padded = max(q, rows)
+    out    = sdpa(cat([query, last query row repeated rows times])[:, :, :padded], …,
+                  cat([mask, last mask row repeated rows times])[:, :, :padded])[:, :, :q]
 
 and the runtime runs such a graph's calls unpadded (`graph.nodes.rows_computed_alike`).
 A graph with a linear left (a head a method trained) or with segments is left alone.
+
+The repeat has a fixed length (`rows` copies, cut back to `padded`): `torch.export` guards
+a symbolic repeat's length against 0 and 1, so a package traced at one row count refused
+calls whose padding differed (`specc.lower.aoti` traces these graphs below `rows`).
 """
 
 from __future__ import annotations
-
-import operator
 
 import torch
 import torch.fx as fx
@@ -58,8 +61,9 @@ class PadAttentionRows(GraphPass):
         call = graph.call_function
         with graph.inserting_before(sdpa):
             rows = call(aten.sym_size.int, (query, QUERY_AXIS))
-            pad = call(torch.sym_max, (call(operator.sub, (self.rows, rows)), 0))
-            padded = [call(aten.cat.default, ([tensor, _last_rows(graph, tensor, pad)], QUERY_AXIS))
+            kept = call(torch.sym_max, (rows, self.rows))
+            padded = [call(aten.slice.Tensor, (call(aten.cat.default, ([tensor, _last_rows(graph, tensor, self.rows)],
+                                                                        QUERY_AXIS)), QUERY_AXIS, 0, kept))
                       for tensor in (query, mask)]
         sdpa.args = (padded[0], *sdpa.args[1:3], padded[1], *sdpa.args[4:])
         with graph.inserting_after(sdpa):
@@ -68,7 +72,7 @@ class PadAttentionRows(GraphPass):
         sdpa.meta[PADDED_ROWS] = self.rows
 
 
-def _last_rows(graph: fx.Graph, tensor: fx.Node, count: fx.Node) -> fx.Node:
+def _last_rows(graph: fx.Graph, tensor: fx.Node, count: int) -> fx.Node:
     """`tensor`'s last row along the query axis, repeated `count` times (a view)."""
     call = graph.call_function
     last = call(aten.slice.Tensor, (tensor, QUERY_AXIS, -1, None))

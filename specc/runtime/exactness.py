@@ -12,8 +12,9 @@ for. A backend declares one fact, its `RowExactness`:
   their rows as decode steps do;
 - `PADDED_UNLESS_ALIKE`: the same, except a graph that computes every row alike up to
   `EXACT_ROWS` by itself (every linear quantized, attention padded inside the graph:
-  `specc.graph.nodes.rows_computed_alike`) runs as called, which only a backend that runs
-  the graph as written can promise.
+  `specc.graph.nodes.rows_computed_alike`) runs as called, which a backend can promise
+  when it runs those kernels as the graph calls them and computes the rest row by row
+  (eager; aoti, whose packages keep the quantized kernels as calls).
 
 Everything else follows from it and is derived here:
 - `exact_rows`: the most rows a call may have and stay exact (None: any);

@@ -58,9 +58,22 @@ def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(wide
     compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "e", dtype="bfloat16",
                                   max_seq_len=96, quantize=quantize))
     engine = load_engine(tmp_path / "e")
-    model = engine.context.model("target")
     # quantized engines pad attention inside the graph and run calls as they come
     assert isinstance(engine.context.graphs["target"], PaddedRows) == (quantize is None)
+    assert_rows_round_alike(engine)
+
+
+@pytest.mark.slow
+def test_an_aoti_q4_engine_runs_one_row_calls_unpadded_and_rounds_rows_alike(wide_checkpoint, tmp_path):
+    compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "e", dtype="bfloat16",
+                                  max_seq_len=96, quantize="q4", backend="aoti"))
+    engine = load_engine(tmp_path / "e")
+    assert not isinstance(engine.context.graphs["target"], PaddedRows)
+    assert_rows_round_alike(engine)
+
+
+def assert_rows_round_alike(engine) -> None:
+    model = engine.context.model("target")
     tokens = torch.randint(model.architecture.vocab_size, (60,), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode(), torch_threads(2):   # kernels split rows across threads differently
         model.prefill(tokens[:40], 0)
