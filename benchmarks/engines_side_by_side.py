@@ -18,9 +18,9 @@ It reports, per engine, tokens per second (median over repeats, new tokens /
 wall seconds over the prompts), the speedup over the reference, the mean
 accepted length M (new tokens per target forward, prefill and bonus token
 included), the acceptance rate α, and token identity with the reference; and
-the bandwidth bound on the reference's decoding (its weight bytes per step at
-the read rate sampled between repeats, as `specc bench` reports it) with the
-share of it the reference reaches.
+the bandwidth bound on the reference's decoding (the bytes its target graph
+reads per step at the read rate sampled between repeats, as `specc bench`
+reports it) with the share of it the reference reaches.
 Results go to benchmarks/results/<device>-<name>-<prompts>-<tokens>tok.{json,md}.
 """
 
@@ -115,12 +115,11 @@ def _peers(args, reference, threads: int) -> list:
 
 def reference_bound(reference, bandwidth, runs, name: str, prompts: int) -> dict:
     """The bandwidth bound on the reference engine's decode steps, and the share its decoding reaches."""
-    from specc.bench.bandwidth import checkpoint_parameters, weight_bytes_per_token
-    from specc.bench.baselines import source_checkpoint
+    from specc.bench.bandwidth import decode_read_bytes
     from specc.bench.statistics import decode_throughput_by_repeat, spread
+    from specc.contract.descriptor import TARGET
 
-    parameters = checkpoint_parameters(source_checkpoint(reference.manifest))
-    bound = bandwidth.bound(weight_bytes_per_token(parameters, reference.manifest))
+    bound = bandwidth.bound(decode_read_bytes(reference.context.modules[TARGET]))
     decode = decode_throughput_by_repeat(runs, name, set(range(prompts)))
     median = spread(decode).median if decode else None
     return {**bound, "reference_decode_tokens_per_second": median,

@@ -10,12 +10,13 @@ percent over minutes (seen here: 30 to 53 GB/s on the same two cores), and
 the first passes after a pause read slower while the thread pool and the
 clocks wake up. So one reading is no bound: the benchmark takes a sample
 between its repeats (`BandwidthSamples`), each a warm-up followed by the best
-of a few passes, and reports the median with the range. Weight bytes count
-every parameter once (a tied embedding and LM head read one matrix) at the
-engine's dtype, except the linear layers a quantized engine packed, which
-count at their packed size with their scales (the manifest's
-`quantization.bytes`); activations and the KV cache are left out, so the
-bound is slightly optimistic.
+of a few passes, and reports the median with the range. The bytes a step
+reads are those of every tensor the `none` engine's target graph holds, as
+it holds them (a quantized engine's packed weights with their scales), each
+once (a tied embedding and LM head read one matrix), except a table the
+graph only looks rows up in (an embedding whose LM head is a separate or
+quantized copy: a step reads one row of it); activations and the KV cache
+are left out, so the bound is slightly optimistic.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import statistics
 import time
 
 import torch
+import torch.fx as fx
+
+from specc.graph.nodes import attribute
 
 BUFFER_BYTES = 256 * 2**20
 PASSES = 5
@@ -62,26 +66,25 @@ class BandwidthSamples:
         return decode_bound(weight_bytes, self.values)
 
 
-def weight_bytes_per_token(parameters: int, manifest: dict) -> int:
-    """Bytes of weights one decode step of the engine reads: `parameters` at the engine's dtype,
-    with the linear weights its `--quantize` packed counted at their packed size instead."""
-    weight_bytes = parameters * torch.empty((), dtype=getattr(torch, manifest["dtype"])).element_size()
-    quantization = manifest.get("quantization")
-    if quantization:
-        packed = quantization["bytes"]
-        weight_bytes += packed["quantized"] - packed["unquantized"]
-    return weight_bytes
+ROW_LOOKUPS = (torch.ops.aten.embedding.default,)
 
 
-def checkpoint_parameters(checkpoint) -> int:
-    """The checkpoint's parameter count (a tied embedding and LM head once), from its config alone:
-    the model is built on the meta device, so nothing is loaded."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def decode_read_bytes(gm: fx.GraphModule) -> int:
+    """Bytes of the tensors one decode step of graph `gm` reads (see the module docstring)."""
+    read, looked_up = {}, {}
+    for tensor, users in _held_tensors(gm):
+        kept = looked_up if all(user.target in ROW_LOOKUPS for user in users) else read
+        kept[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(read.values())
 
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=False)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    return sum(p.numel() for p in model.parameters())
+
+def _held_tensors(gm: fx.GraphModule):
+    """(tensor, the nodes that use it) for every get_attr of `gm` and its called submodules."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            yield attribute(gm, node.target), list(node.users)
+        elif node.op == "call_module":
+            yield from _held_tensors(gm.get_submodule(node.target))
 
 
 def decode_bound(weight_bytes: int, samples: list[float]) -> dict:

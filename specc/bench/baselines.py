@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specc.bench.bandwidth import decode_read_bytes
 from specc.bench.systems import (HF_ASSISTED, HF_GREEDY, HF_PROMPT_LOOKUP, HF_STATIC, SPECC_NONE, System,
                                  engine_system, hf_system)
+from specc.contract.descriptor import TARGET
 from specc.errors import SpeccError, UsageError
 
 PROMPT_LOOKUP_TOKENS = 10
@@ -26,7 +28,7 @@ PROMPT_LOOKUP_TOKENS = 10
 class Baselines:
     systems: list[System]
     model_info: dict
-    none_manifest: dict   # the `none` engine's: what a plain decode step reads (the bandwidth bound)
+    none_read_bytes: int   # what a decode step of the `none` engine reads (the bandwidth bound)
     notes: list[str] = field(default_factory=list)
 
 
@@ -58,13 +60,13 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
     assisted, note = _assisted_system(manifest, model, max_new_tokens)
     systems += [assisted] if assisted else []
     notes += [note] if note else []
-    none, none_manifest = _none_system(engine, checkpoint, max_new_tokens, workdir, none_engine)
+    none, none_read_bytes = _none_system(engine, checkpoint, max_new_tokens, workdir, none_engine)
     systems.append(none)
     model_info = {"checkpoint": str(checkpoint), "model_type": model.config.model_type,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
                   "hidden_size": model.config.hidden_size}
-    return Baselines(systems, model_info, none_manifest, notes)
+    return Baselines(systems, model_info, none_read_bytes, notes)
 
 
 def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
@@ -84,7 +86,7 @@ def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System
 
 
 def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path,
-                 none_engine: Path | None) -> tuple[System, dict]:
+                 none_engine: Path | None) -> tuple[System, int]:
     from specc.engine.loaded import load_engine
 
     manifest = engine.manifest
@@ -99,7 +101,7 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path,
     baseline = load_engine(none_engine, engine.backend.name, str(engine.device))
     _check_comparable(baseline.manifest, manifest, none_engine)
     return (engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens),
-            baseline.manifest)
+            decode_read_bytes(baseline.context.modules[TARGET]))
 
 
 def _check_comparable(baseline: dict, engine: dict, path: Path) -> None:

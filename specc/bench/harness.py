@@ -6,7 +6,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specc.bench.bandwidth import BandwidthSamples, weight_bytes_per_token
+from specc.bench.bandwidth import BandwidthSamples
 from specc.bench.baselines import build_baselines, source_checkpoint
 from specc.bench.document import build_document
 from specc.bench.machine import machine_info, versions
@@ -72,7 +72,7 @@ def benchmark(options: BenchOptions) -> dict:
         bandwidth = BandwidthSamples()
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
-    bound = bandwidth.bound(weight_bytes_per_token(baselines.model_info["parameters"], baselines.none_manifest))
+    bound = bandwidth.bound(baselines.none_read_bytes)
     settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source,
                 "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,

@@ -3,11 +3,13 @@ from interleaved runs of fake systems (no models)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import torch
 
-from specc.bench.bandwidth import BandwidthSamples, decode_bound, read_bandwidth, weight_bytes_per_token
+from specc.bench.bandwidth import BandwidthSamples, decode_bound, decode_read_bytes, read_bandwidth
 from specc.bench.document import SCHEMA, build_document
 from specc.bench.memory import MemoryProbe
 from specc.bench.plot import write_chart
@@ -210,7 +212,7 @@ def test_a_compile_time_prediction_is_reported_beside_the_measurement():
 def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     bandwidth = read_bandwidth(buffer_bytes=8 * 2**20, passes=2, warmup_seconds=0.01)
     assert bandwidth > 1e8
-    bound = decode_bound(weight_bytes_per_token(1000, {"dtype": "bfloat16"}), [4000.0])
+    bound = decode_bound(2000, [4000.0])
     assert bound["weight_bytes_per_token"] == 2000 and bound["bound_tokens_per_second"] == 2.0
     doc = _document(bandwidth_bound=bound)
     none_decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
@@ -219,10 +221,35 @@ def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     assert _document()["bandwidth_bound"] is None and "bandwidth bound" not in format_report(_document())
 
 
-def test_a_quantized_engine_s_bound_counts_its_packed_linear_weights_at_their_packed_size():
-    manifest = {"dtype": "bfloat16", "quantization": {"bytes": {"quantized": 300, "unquantized": 1600}}}
-    assert weight_bytes_per_token(1000, manifest) == 2000 - 1600 + 300
-    assert weight_bytes_per_token(1000, {"dtype": "float32"}) == 4000
+def _embedded(tied: bool) -> torch.fx.GraphModule:
+    """A table looked up by row and, tied, read whole as the head; else a separate head beside it."""
+    aten, root, graph = torch.ops.aten, torch.nn.Module(), torch.fx.Graph()
+    root.table, root.norm = torch.nn.Parameter(torch.randn(10, 4)), torch.nn.Parameter(torch.ones(4))
+    root.head = root.table if tied else torch.nn.Parameter(torch.randn(10, 4, dtype=torch.bfloat16))
+    hidden = graph.call_function(aten.embedding.default, (graph.get_attr("table"), graph.placeholder("ids")))
+    hidden = graph.call_function(aten.mul.Tensor, (hidden, graph.get_attr("norm")))
+    graph.output(graph.call_function(aten.linear.default, (hidden, graph.get_attr("head"))))
+    return torch.fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_step_reads_every_held_tensor_once_but_a_table_it_only_looks_rows_up_in(tied):
+    table, norm, head = 10 * 4 * 4, 4 * 4, 10 * 4 * 2
+    assert decode_read_bytes(_embedded(tied)) == (table + norm if tied else norm + head)
+
+
+def test_a_quantized_graph_s_step_reads_its_packed_weights():
+    from specc.passes.quantize_linear_weights import QuantizeLinearWeights
+    from specc.quantize.report import quantized_weights
+    from specc.quantize.schemes import parse_scheme
+    from specc.testing.checkpoints import captured_tiny
+
+    _, captured = captured_tiny("llama")
+    plain = captured.graph_module
+    quantized = QuantizeLinearWeights(parse_scheme("int8"))(copy.deepcopy(plain)).graph_module
+    packed = sum(nbytes for _, nbytes, _ in quantized_weights(quantized).values())
+    unpacked = sum(original for _, _, original in quantized_weights(quantized).values())
+    assert decode_read_bytes(quantized) == decode_read_bytes(plain) - unpacked + packed
 
 
 def test_in_reduced_precision_losslessness_is_identity_with_specc_none():
