@@ -66,7 +66,7 @@ from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, 
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
 from specc.runtime.exactness import EXACT_ROWS, RowExactness
-from specc.lower.row_padding import q_axes
+from specc.lower.row_padding import PaddedRows, q_axes, row_padding
 from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads
 
@@ -89,7 +89,8 @@ class AOTInductorBackend(Backend):
     row_exactness = RowExactness.PADDED_UNLESS_ALIKE
 
     def package(self, target: LoweringTarget, artifacts: Path) -> list[str]:
-        files = [_package(target, artifacts / f"{target.name}.pt2", _narrow_rows(target)[0])]
+        rows, serves = _narrow_rows(target)
+        files = [_package(target, artifacts / f"{target.name}.pt2", rows, {SERVES_ROWS: str(serves)})]
         if _query_axis(target) is not None and target.device.type == "cpu":   # see WIDE_ROWS
             files.append(_package(target, artifacts / f"{target.name}{WIDE_SUFFIX}", WIDE_ROWS))
         return files
@@ -104,9 +105,14 @@ class AOTInductorBackend(Backend):
             raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
                              f"{torch.__version__}; recompile the engine")
         narrow = _load_package(package, target.device)
+        # Packages from before alike graphs ran unpadded record nothing: they serve up to
+        # NARROW_MAX_ROWS rows, traced at 4, and run padded as they were built to.
+        serves = int(narrow.get_metadata().get(SERVES_ROWS, NARROW_MAX_ROWS))
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
-            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis, _narrow_rows(target)[1])
+            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis, serves)
+        if _narrow_rows(target)[1] != serves:
+            return PaddedRows(narrow, row_padding(target, EXACT_ROWS))
         return narrow
 
     def lower_segment(self, segment):
@@ -122,6 +128,7 @@ NARROW_MAX_ROWS = 4               # calls with more rows run the wide package
 # only calls of fewer rows; the wide one serves the rest.
 ALIKE_NARROW_ROWS = 2
 ALIKE_NARROW_MAX_ROWS = EXACT_ROWS - 1
+SERVES_ROWS = "specc_narrow_max_rows"   # the package's metadata: the most query rows it serves
 MIN_CHUNK_PER_THREAD = 16384     # elements per thread below which a kernel runs on one thread
 WIDE_SUFFIX = ".wide.pt2"
 
@@ -162,12 +169,13 @@ def _narrow_rows(target: LoweringTarget) -> tuple[int, int]:
     return NARROW_ROWS_BF16, NARROW_MAX_ROWS
 
 
-def _package(target: LoweringTarget, path: Path, rows: int) -> str:
+def _package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, str] | None = None) -> str:
     example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2, device=target.device)
     dynamic = dynamic_dims(target.signature, target.max_seq_len)
     try:
         with torch.no_grad(), torch_threads(idle_machine_threads()), templates_parsed_once(), \
-                torch._inductor.config.patch(packaging_config(target)), warnings.catch_warnings():
+                torch._inductor.config.patch({**packaging_config(target), "aot_inductor.metadata": metadata or {}}), \
+                warnings.catch_warnings():
             # Inductor's own use of a deprecated torch API, which nobody compiling an engine can act on.
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
             exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),

@@ -9,6 +9,7 @@ import torch
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.engine.loaded import load_engine
+import specc.lower.aoti as aoti
 from specc.lower.aoti import NARROW_ROWS_BF16, AOTInductorBackend
 from specc.lower.eager import EagerBackend
 from specc.lower.inductor import InductorBackend
@@ -64,12 +65,21 @@ def test_bfloat16_rows_compute_the_same_logits_in_calls_of_one_to_four_rows(wide
 
 
 @pytest.mark.slow
-def test_an_aoti_q4_engine_runs_one_row_calls_unpadded_and_rounds_rows_alike(wide_checkpoint, tmp_path):
+def test_an_aoti_q4_engine_runs_one_row_calls_unpadded_and_rounds_rows_alike(wide_checkpoint, tmp_path, monkeypatch):
+    """Unpadded since its narrow package serves 1-3 rows; an engine packaged before that pads, as built."""
     compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "e", dtype="bfloat16",
                                   max_seq_len=96, quantize="q4", backend="aoti"))
     engine = load_engine(tmp_path / "e")
     assert not isinstance(engine.context.graphs["target"], PaddedRows)
     assert_rows_round_alike(engine)
+
+    with monkeypatch.context() as patch:   # packaged as before: narrow at 4 rows, serving up to 4
+        patch.setattr(aoti, "_narrow_rows", lambda target: (4, 4))
+        compile_engine(CompileRequest(model=str(wide_checkpoint), method="none", output=tmp_path / "older",
+                                      dtype="bfloat16", max_seq_len=96, quantize="q4", backend="aoti"))
+    older = load_engine(tmp_path / "older")
+    assert isinstance(older.context.graphs["target"], PaddedRows)
+    assert_rows_round_alike(older)
 
 
 def assert_rows_round_alike(engine) -> None:
