@@ -106,13 +106,13 @@ class AOTInductorBackend(Backend):
                              f"{torch.__version__}; recompile the engine")
         narrow = _load_package(package, target.device)
         # Packages from before alike graphs ran unpadded record nothing: they serve up to
-        # NARROW_MAX_ROWS rows, traced at 4, and run padded as they were built to.
+        # NARROW_MAX_ROWS rows, traced at 4.
         serves = int(narrow.get_metadata().get(SERVES_ROWS, NARROW_MAX_ROWS))
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
             narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis, serves)
-        if _narrow_rows(target)[1] != serves:
-            return PaddedRows(narrow, row_padding(target, EXACT_ROWS))
+        if _computes_rows_alike(target) and not (serves == ALIKE_NARROW_MAX_ROWS and wide.is_file()):
+            return PaddedRows(narrow, row_padding(target, EXACT_ROWS))   # the engine runs it as called: pad here
         return narrow
 
     def lower_segment(self, segment):
@@ -164,9 +164,14 @@ def _narrow_rows(target: LoweringTarget) -> tuple[int, int]:
     """(the query rows the narrow package is traced and tuned at, the most rows it serves)."""
     if target.dtype != torch.bfloat16:
         return NARROW_ROWS, NARROW_MAX_ROWS
-    if rows_computed_alike(target.module) == EXACT_ROWS:
+    if _computes_rows_alike(target) and target.device.type == "cpu":   # where a wide package serves the rest
         return ALIKE_NARROW_ROWS, ALIKE_NARROW_MAX_ROWS
     return NARROW_ROWS_BF16, NARROW_MAX_ROWS
+
+
+def _computes_rows_alike(target: LoweringTarget) -> bool:
+    """Whether the engine runs the graph's calls unpadded (`specc.runtime.exactness.padded_rows`)."""
+    return target.dtype == torch.bfloat16 and rows_computed_alike(target.module) == EXACT_ROWS
 
 
 def _package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, str] | None = None) -> str:
