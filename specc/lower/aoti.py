@@ -30,7 +30,10 @@ frozen into both packages (twice the memory and disk). In bfloat16 the narrow
 package was first tuned at 2 rows with one-row calls run as two identical
 rows, because the packaged kernels ran one row slower than two. It is now
 tuned at `NARROW_ROWS_BF16` = 4 and every call of fewer rows runs padded to 4
-(`PaddedRows`), which makes verifying up to 4 rows exact (`exact_rows`).
+(`PaddedRows`), which makes verifying up to 4 rows exact (`exact_rows`). A
+graph whose every linear is quantized pads only its attention rows itself and
+runs calls as they come (its narrow package serves 1-3 rows: `ALIKE_NARROW_ROWS`):
+a q4 decode step then costs one row's work, not four.
 
 Inductor bakes the thread count into each GEMM kernel it generates (the
 torch threads at packaging time; a kernel built for one thread never runs
