@@ -82,7 +82,8 @@ def benchmark(options: BenchOptions) -> dict:
                               "median, min and max over repeats",
                 "mean_accepted_length": "new tokens per target forward, bonus token and prefill included"}
     return build_document(
-        engine_manifest={**engine.manifest, "method_config": engine.config.to_json()}, engine_path=str(options.engine), model_info=baselines.model_info,
+        engine_manifest={**engine.manifest, "method_config": engine.config.to_json()},
+        engine_path=str(options.engine), model_info=baselines.model_info,
         machine=machine_info(), versions=versions(), settings=settings, prompts=prompts, systems=systems,
         runs=runs, memory=memory, notes=notes + baselines.notes, bandwidth_bound=bound,
     )
