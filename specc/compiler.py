@@ -27,6 +27,7 @@ from specc.passes.manager import readable_graph, run_passes
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.passes.pad_attention_rows import PadAttentionRows
+from specc.passes.use_row_attention import UseRowAttention
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
 from specc.kernels.cpu.build import compiler
@@ -210,7 +211,8 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
     recipe's passes, then, given the method `state` training produced, its `after_training`
     passes, then, for an engine (`select_logit_rows`), `select_logit_rows` (logits computed
     only for the rows a call asks for), then, with `quantize`, `quantize_linear_weights` (the
-    captured models' own linear weights packed once for the whole program), and last, with
+    captured models' own linear weights packed once for the whole program) and the attention
+    rewrites that let its rows run unpadded, and last, with
     `kernels`, `use_kernels` (attention through specc's kernel). Every pass is recorded."""
     program = SpeculativeProgram()
     captures = {} if captures is None else captures
@@ -225,12 +227,18 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(quantize, captured, packed), PadAttentionRows(EXACT_ROWS)] if quantize else []),
+                  *([_quantizer(quantize, captured, packed), *_row_alike_attention(quantize)] if quantize else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
         program.pass_records += records
     return program
+
+
+def _row_alike_attention(scheme: Scheme) -> list:
+    """Under specc's blocked kernels attention runs row by row through specc's CPU library (which
+    those kernels need anyway); PyTorch's attention, padded, takes what that leaves."""
+    return [*([UseRowAttention(EXACT_ROWS)] if scheme.kernel == BLOCKED else []), PadAttentionRows(EXACT_ROWS)]
 
 
 def _quantizer(scheme: Scheme, captured, packed: dict) -> QuantizeLinearWeights:

@@ -10,7 +10,8 @@ import torch.fx as fx
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 ATTENTION_WINDOW = "specc_attention_window"   # an attention call's meta: its layer's sliding window (capture)
 WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window it hides keys beyond
-PADDED_ROWS = "specc_padded_rows"             # an attention call's meta: the query rows it always runs (at least)
+PADDED_ROWS = "specc_padded_rows"             # an attention call's meta: the query rows up to which it computes each row alike
+ROW_ATTENTION = "specc.row_attention.default"   # the row-by-row attention kernel, by name (graph/ imports no kernels)
 FROZEN_COPIES = "specc_frozen_copies"         # a GraphModule's meta: attributes holding copies of frozen weights
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
@@ -81,11 +82,13 @@ def rows_computed_alike(gm: fx.GraphModule) -> int | None:
     """The row count up to which `gm` computes every row alike whatever the call's row count,
     or None. A graph qualifies when every matmul with weights is a quantized kernel (those
     compute a row the same way at any row count; no `aten.linear` is left) and every
-    attention call pads its query rows itself (`passes/pad_attention_rows.py`); segmented
-    graphs do not (their segments are lowered apart)."""
+    attention call pads its query rows itself (`passes/pad_attention_rows.py`) or computes
+    them one by one (`passes/use_row_attention.py`); segmented graphs do not (their segments
+    are lowered apart)."""
     if not weights_all_quantized(gm):
         return None
-    padded = {n.meta.get(PADDED_ROWS) for n in attention_nodes(gm.graph)}
+    calls = [*attention_nodes(gm.graph), *(n for n in gm.graph.nodes if str(n.target) == ROW_ATTENTION)]
+    padded = {n.meta.get(PADDED_ROWS) for n in calls}
     return padded.pop() if len(padded) == 1 and None not in padded else None
 
 

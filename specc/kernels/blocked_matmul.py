@@ -1,5 +1,6 @@
 """`torch.ops.specc.blocked_matmul`: low-bit weights in blocks of 32 inputs times 8-bit
-activations, on the CPU (`cpu/blocked_matmul.cpp`, compiled on first use).
+activations, on the CPU (`cpu/blocked_matmul.cpp`, compiled on first use into specc's CPU
+library, which registers it as the operator's CPU implementation: `cpu/torch_ops.cpp`).
 
 The weight layout is the kernel's contract, so it is written here (`pack_blocked`,
 `unpack_blocked`): per tile of 16 output features and block of 32 inputs, 16 fp16
@@ -17,12 +18,12 @@ import ctypes
 
 import torch
 
-from specc.kernels.cpu.build import load_library
+from specc.kernels.cpu.build import NATIVE, load_library
 
 BLOCK = 32        # inputs per scale and min
 TILE = 16         # output features interleaved per tile
 BITS = (4, 8)
-LIBRARY = "blocked_matmul"
+LIBRARY = NATIVE
 
 
 def fits(weight_shape: torch.Size | tuple[int, int]) -> bool:
@@ -102,13 +103,13 @@ def _run(rows: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
     return out
 
 
-# Registered with `torch.library.define`/`impl` rather than `custom_op`: a decode step makes ~200
-# calls, and custom_op's Python wrapping cost ~50 us each (measured on Qwen2.5-1.5B's MLP shapes).
 torch.library.define("specc::blocked_matmul", "(Tensor rows, Tensor packed, int bits, int out_features) -> Tensor")
 
 
-@torch.library.impl("specc::blocked_matmul", "CPU")
-def _blocked_matmul_cpu(rows, packed, bits, out_features):
+# The CPU implementation is C++ (`cpu/torch_ops.cpp`), registered when specc's CPU library loads;
+# until then this one stands in: it loads the library and computes its call through ctypes.
+@torch.library.impl("specc::blocked_matmul", "CompositeExplicitAutograd")
+def _blocked_matmul_until_loaded(rows, packed, bits, out_features):
     return _run(rows, packed, bits, out_features, scalar=False)
 
 

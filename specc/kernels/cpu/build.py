@@ -1,11 +1,16 @@
-"""Compile a C++ kernel of this folder once per machine and load it with ctypes.
+"""Compile the C++ kernels of this folder once per machine and load them.
 
-The library is built with the host's C++ compiler (`CXX`, else `g++`, else `c++`)
+specc's CPU library (`NATIVE`) holds every kernel of this folder and, in
+`torch_ops.cpp`, their registration as the CPU implementations of
+`torch.ops.specc.*`; loading it registers them (`torch.ops.load_library`), and its
+plain C entry points stay reachable through ctypes (the portable path, for tests).
+A library is built with the host's C++ compiler (`CXX`, else `g++`, else `c++`)
 for the host's CPU (`-march=native`: the kernels pick AVX-512 VNNI when the CPU has
-it), with OpenMP, into `<specc cache>/kernels/<name>-<key>.so`; the key hashes the
-source, the compiler's version, the flags and the CPU's model and flags, so another
-CPU or a changed source builds its own. The library links the OpenMP runtime torch
-has already loaded (same soname), so its parallel loops share torch's threads.
+it), with OpenMP, against the installed torch's headers and libraries, into
+`<specc cache>/kernels/<name>-<key>.so`; the key hashes the sources, the compiler's
+version, the flags, torch's version and the CPU's model and flags, so another CPU,
+torch or a changed source builds its own. The library links the OpenMP runtime
+torch has already loaded (same soname), so its parallel loops share torch's threads.
 A build is written under a temporary name and renamed into place: a crash leaves
 nothing half-written, and concurrent builds agree.
 """
@@ -27,6 +32,8 @@ from specc.errors import SpeccError
 
 SOURCES = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+NATIVE = "specc_cpu"
+LIBRARIES = {NATIVE: ("blocked_matmul.cpp", "row_attention.cpp", "torch_ops.cpp")}   # else <name>.cpp alone
 
 
 class KernelBuildError(SpeccError):
@@ -54,31 +61,48 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
 
 
+def sources(name: str) -> list[Path]:
+    return [SOURCES / file for file in LIBRARIES.get(name, (f"{name}.cpp",))]
+
+
+def _torch_flags() -> list[str]:
+    """Compile against the installed torch: its headers, its ABI, its libraries (found at run time)."""
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    libraries = str(Path(torch.__file__).resolve().parent / "lib")
+    return [*(f"-I{path}" for path in include_paths()), f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-L{libraries}", f"-Wl,-rpath,{libraries}", "-lc10", "-ltorch_cpu"]
+
+
 def library_path(name: str, cxx: str) -> Path:
-    source = SOURCES / f"{name}.cpp"
+    import torch
+
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), _compiler_version(cxx).encode(), " ".join(FLAGS).encode(),
-                 _cpu_identity().encode()):
+    for part in (*(source.read_bytes() for source in sources(name)), _compiler_version(cxx).encode(),
+                 " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
         digest.update(part)
     return cache_root() / "kernels" / f"{name}-{digest.hexdigest()[:16]}.so"
 
 
 def _build(name: str, cxx: str, destination: Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
+    files = sources(name)
     with tempfile.TemporaryDirectory(dir=destination.parent) as staging:
         built = Path(staging) / destination.name
-        result = subprocess.run([cxx, *FLAGS, "-o", str(built), str(SOURCES / f"{name}.cpp")],
+        result = subprocess.run([cxx, *FLAGS, "-o", str(built), *map(str, files), *_torch_flags()],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise KernelBuildError(f"compiling specc's CPU kernel {name}.cpp with {cxx} failed:\n"
-                                   f"{result.stderr.strip()[-2000:]}")
+            raise KernelBuildError(f"compiling specc's CPU kernel {' '.join(f.name for f in files)} with {cxx} "
+                                   f"failed:\n{result.stderr.strip()[-2000:]}")
         os.replace(built, destination)
 
 
 @cache
 def load_library(name: str) -> ctypes.CDLL:
-    """The compiled kernel `name` (`<name>.cpp` here), built first if this machine has no build."""
-    import torch  # noqa: F401  (its OpenMP runtime is loaded first, so the kernel shares it)
+    """The compiled library `name` (`LIBRARIES`, else `<name>.cpp` here), built first if this machine
+    has no build, loaded (registering the torch operators it implements) and opened with ctypes."""
+    import torch  # its OpenMP runtime is loaded first, so the kernel shares it
 
     cxx = compiler()
     if cxx is None:
@@ -88,6 +112,7 @@ def load_library(name: str) -> ctypes.CDLL:
     if not path.exists():
         _build(name, cxx, path)
     try:
+        torch.ops.load_library(str(path))
         return ctypes.CDLL(str(path))
     except OSError as error:
         raise KernelBuildError(f"loading the compiled kernel {path} failed: {error}") from error

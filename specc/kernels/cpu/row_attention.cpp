@@ -1,0 +1,235 @@
+// Masked attention computed row by row on the CPU: the attention of specc's quantized engines.
+//
+// out[b, h, r] = softmax(scale * q[b, h, r] . k[b, h / group, j] over the keys j the mask
+// allows in row r) . v[b, h / group, j], in fp32, rounded once to the output dtype.
+// Each (batch, head, row) is one task whose arithmetic depends on that row's query and
+// mask and on the keys it may see, nothing else: not the call's other rows, not the
+// masked keys (never read, so padding the key axis changes nothing), not the threads.
+// So a row computes the same bits in a one-row decode step as in a verification of
+// several rows, which is what lets a lossless method on a quantized engine verify
+// without padding its calls. Sums run over 16 lanes in a fixed order, then across the
+// lanes in a fixed order; exp is a fixed polynomial; a row that may see no key is zeros.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kLanes = 16;
+
+inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+// exp(x) for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2;
+// relative error ~2e-7. Below -87 (where 2^n leaves the normal floats) it is 0.
+inline float exp_nonpositive(float x) {
+    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+    const float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+    float p = 1.f / 5040.f;
+    p = p * r + 1.f / 720.f;
+    p = p * r + 1.f / 120.f;
+    p = p * r + 1.f / 24.f;
+    p = p * r + 1.f / 6.f;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const int32_t exponent = static_cast<int32_t>(n) + 127;
+    uint32_t bits = static_cast<uint32_t>(std::max(exponent, 1)) << 23;
+    float two_n;
+    std::memcpy(&two_n, &bits, 4);
+    return x < -87.f ? 0.f : p * two_n;
+}
+
+template <typename T> inline float load(const T* p);
+template <> inline float load<float>(const float* p) { return *p; }
+template <> inline float load<uint16_t>(const uint16_t* p) { return bf16_to_float(*p); }
+
+template <typename T> inline T store(float v);
+template <> inline float store<float>(float v) { return v; }
+template <> inline uint16_t store<uint16_t>(float v) { return float_to_bf16(v); }
+
+// Lanes summed pairwise, halves then quarters and so on: a fixed order, 4 dependent adds.
+inline float lanes_sum(float (&lanes)[kLanes]) {
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    return lanes[0];
+}
+
+#if defined(__AVX512F__)
+constexpr bool kVector = true;
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline __mmask16 lanes_below(int n) { return n >= kLanes ? 0xffff : static_cast<__mmask16>((1u << n) - 1); }
+
+// q . k for each key in `seen`: lanes of 16 values, then the lanes summed by halves.
+template <typename T>
+void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
+    for (int i = 0; i < n; ++i) {
+        const T* k = keys + seen[i] * key_stride;
+        __m512 acc = _mm512_setzero_ps();
+        for (int d = 0; d < dim; d += kLanes) {
+            const __mmask16 m = lanes_below(dim - d);
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load16(k + d, m), acc);
+        }
+        out[i] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+// acc[d] = sum over i, in order, of weights[i] * v_i[d], 128 values of d at a time in registers.
+template <typename T>
+void weighted_sum(const float* weights, const T* values, int64_t value_stride, const int* seen, int n, int dim,
+                  float* acc) {
+    constexpr int kChunks = 8;
+    for (int d0 = 0; d0 < dim; d0 += kChunks * kLanes) {
+        __m512 sums[kChunks];
+        __mmask16 masks[kChunks];
+        for (int c = 0; c < kChunks; ++c) {
+            sums[c] = _mm512_setzero_ps();
+            masks[c] = dim - d0 - c * kLanes > 0 ? lanes_below(dim - d0 - c * kLanes) : 0;
+        }
+        for (int i = 0; i < n; ++i) {
+            const T* v = values + seen[i] * value_stride + d0;
+            const __m512 w = _mm512_set1_ps(weights[i]);
+            for (int c = 0; c < kChunks; ++c) {
+                if (masks[c]) sums[c] = _mm512_fmadd_ps(w, load16(v + c * kLanes, masks[c]), sums[c]);
+            }
+        }
+        for (int c = 0; c < kChunks; ++c) _mm512_mask_storeu_ps(acc + d0 + c * kLanes, masks[c], sums[c]);
+    }
+}
+#else
+constexpr bool kVector = false;
+
+template <typename T>
+void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
+    for (int i = 0; i < n; ++i) {
+        const T* k = keys + seen[i] * key_stride;
+        float lanes[kLanes] = {};
+        for (int d = 0; d < dim; ++d) lanes[d % kLanes] += q[d] * load<T>(k + d);
+        out[i] = lanes_sum(lanes);
+    }
+}
+
+template <typename T>
+void weighted_sum(const float* weights, const T* values, int64_t value_stride, const int* seen, int n, int dim,
+                  float* acc) {
+    std::fill(acc, acc + dim, 0.f);
+    for (int i = 0; i < n; ++i) {
+        const T* v = values + seen[i] * value_stride;
+        for (int d = 0; d < dim; ++d) acc[d] += weights[i] * load<T>(v + d);
+    }
+}
+#endif
+
+struct Strides {
+    int64_t batch, head, position, element;   // in elements (0 on a broadcast axis); position: a query row or a key
+};
+
+template <typename T>
+void one_row(const T* query, const T* keys, const T* values, const bool* mask, int kv, int dim,
+             float scale, const Strides& key_strides, const Strides& value_strides, int64_t mask_key_stride,
+             T* out, std::vector<float>& q, std::vector<int>& seen, std::vector<float>& weights,
+             std::vector<float>& acc) {
+    int n = 0;
+    for (int j = 0; j < kv; ++j) {
+        seen[n] = j;
+        n += mask[j * mask_key_stride] ? 1 : 0;
+    }
+    if (n == 0) {
+        for (int d = 0; d < dim; ++d) out[d] = store<T>(0.f);
+        return;
+    }
+    for (int d = 0; d < dim; ++d) q[d] = load<T>(query + d) * scale;
+    scores(q.data(), keys, key_strides.position, seen.data(), n, dim, weights.data());
+    float highest = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
+    for (int i = 0; i < n; ++i) weights[i] = exp_nonpositive(weights[i] - highest);
+    float lanes[kLanes] = {};
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) lanes[l] += weights[i + l];
+    }
+    for (; i < n; ++i) lanes[i % kLanes] += weights[i];
+    const float total = lanes_sum(lanes);
+    weighted_sum(weights.data(), values, value_strides.position, seen.data(), n, dim, acc.data());
+    for (int d = 0; d < dim; ++d) out[d] = store<T>(acc[d] / total);
+}
+
+template <typename T>
+void attention(const T* query, const Strides& qs, const T* keys, const Strides& ks, const T* values,
+               const Strides& vs, const bool* mask, const Strides& ms, int batch, int heads, int kv_heads,
+               int rows, int kv, int dim, float scale, T* out) {
+    const int group = heads / kv_heads;
+    const int64_t tasks = static_cast<int64_t>(batch) * heads * rows;
+#pragma omp parallel
+    {
+        std::vector<float> q(dim), weights(kv), acc(dim);
+        std::vector<int> seen(kv);
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int r = static_cast<int>(task % rows);
+            const int h = static_cast<int>((task / rows) % heads);
+            const int b = static_cast<int>(task / (static_cast<int64_t>(rows) * heads));
+            const int g = h / group;
+            one_row<T>(query + b * qs.batch + h * qs.head + r * qs.position,
+                       keys + b * ks.batch + g * ks.head, values + b * vs.batch + g * vs.head,
+                       mask + b * ms.batch + h * ms.head + r * ms.position, kv, dim, scale, ks, vs, ms.element,
+                       out + ((static_cast<int64_t>(b) * heads + h) * rows + r) * dim, q, seen, weights, acc);
+        }
+    }
+}
+
+Strides strides_of(const int64_t* s) { return Strides{s[0], s[1], s[2], s[3]}; }
+
+}  // namespace
+
+extern "C" {
+
+// out [batch, heads, rows, dim] (contiguous) = attention of query [batch, heads, rows, dim] over
+// keys and values [batch, kv_heads, kv, dim] under a boolean mask [batch, heads, rows, kv]; each
+// tensor's four strides in elements (0 on a broadcast axis; the last axis of query, keys and
+// values contiguous). dtype 0: float32, 1: bfloat16. Returns 0, or 1 on arguments it refuses.
+int specc_row_attention(const void* query, const int64_t* query_strides, const void* keys,
+                        const int64_t* key_strides, const void* values, const int64_t* value_strides,
+                        const bool* mask, const int64_t* mask_strides, int batch, int heads, int kv_heads,
+                        int rows, int kv, int dim, float scale, int dtype, void* out) {
+    if (batch < 0 || rows < 0 || kv < 0 || dim <= 0 || kv_heads <= 0 || heads % kv_heads != 0) return 1;
+    const Strides qs = strides_of(query_strides), ks = strides_of(key_strides), vs = strides_of(value_strides),
+                  ms = strides_of(mask_strides);
+    if (dtype == 0) {
+        attention<float>(static_cast<const float*>(query), qs, static_cast<const float*>(keys), ks,
+                         static_cast<const float*>(values), vs, mask, ms, batch, heads, kv_heads, rows, kv, dim,
+                         scale, static_cast<float*>(out));
+    } else if (dtype == 1) {
+        attention<uint16_t>(static_cast<const uint16_t*>(query), qs, static_cast<const uint16_t*>(keys), ks,
+                            static_cast<const uint16_t*>(values), vs, mask, ms, batch, heads, kv_heads, rows, kv,
+                            dim, scale, static_cast<uint16_t*>(out));
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+}

@@ -1,0 +1,74 @@
+"""specc.row_attention, the attention of quantized CPU engines: it computes PyTorch's masked
+attention, and each row is the same bits whatever the call's other rows, hidden keys or threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specc.host.threads import torch_threads
+from specc.kernels import row_attention as kernel
+
+HEADS, KV_HEADS, DIM, SLOTS = 6, 2, 40, 70   # a head_dim that is not a multiple of 16 takes the masked lanes
+
+
+def _inputs(rows: int, keys: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, HEADS, rows, DIM, generator=g).to(dtype)
+    cache_k, cache_v = (torch.randn(1, KV_HEADS, SLOTS, DIM, generator=g).to(dtype) for _ in range(2))
+    mask = torch.rand(1, 1, rows, keys, generator=g) > 0.3
+    return query, cache_k[:, :, :keys], cache_v[:, :, :keys], mask   # keys: views of a wider cache, as in engines
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_it_computes_masked_attention(dtype, tolerance):
+    query, key, value, mask = _inputs(5, 33, dtype)
+    want = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
+                                          scale=0.3, enable_gqa=True)
+    got = torch.ops.specc.row_attention(query, key, value, mask, 0.3)
+    assert got.dtype == dtype and got.shape == query.shape
+    torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+
+
+def test_the_default_scale_is_one_over_the_root_of_head_dim():
+    query, key, value, mask = _inputs(2, 9)
+    torch.testing.assert_close(torch.ops.specc.row_attention(query, key, value, mask),
+                               F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True))
+
+
+def test_a_row_is_the_same_bits_in_calls_of_any_size_hidden_keys_and_threads():
+    query, key, value, mask = _inputs(6, 40, torch.bfloat16)
+    with torch_threads(2):
+        together = torch.ops.specc.row_attention(query, key, value, mask, None)
+    wider_key, wider_value = (t.as_strided((1, KV_HEADS, 64, DIM), t.stride()) for t in (key, value))
+    hidden = torch.cat([mask, torch.zeros(1, 1, 6, 24, dtype=torch.bool)], dim=-1)
+    with torch_threads(1):
+        for r in range(6):
+            alone = torch.ops.specc.row_attention(query[:, :, r:r + 1], key, value, mask[:, :, r:r + 1], None)
+            assert torch.equal(alone, together[:, :, r:r + 1])
+        assert torch.equal(torch.ops.specc.row_attention(query, wider_key, wider_value, hidden, None), together)
+
+
+def test_a_row_that_may_see_no_key_is_zeros():
+    query, key, value, mask = _inputs(3, 8)
+    mask[:, :, 1] = False
+    out = torch.ops.specc.row_attention(query, key, value, mask, None)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1])) and out[:, :, 0].abs().sum() > 0
+
+
+def test_the_stand_in_before_the_library_loads_computes_the_same_bits():
+    query, key, value, mask = _inputs(4, 20, torch.bfloat16)
+    assert torch.equal(kernel._run(query, key, value, mask, None),
+                       torch.ops.specc.row_attention(query, key, value, mask, None))
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda q, k, v, m: (q, k, v, m.float()), "boolean mask"),
+    (lambda q, k, v, m: (q.half(), k.half(), v.half(), m), "float32 or bfloat16"),
+    (lambda q, k, v, m: (q[:, :5], k, v, m), "do not serve"),
+    (lambda q, k, v, m: (q[0], k, v, m), "4-d"),
+])
+def test_wrong_arguments_are_refused(change, words):
+    with pytest.raises(ValueError, match=words):
+        torch.ops.specc.row_attention(*change(*_inputs(2, 8)), None)
