@@ -83,18 +83,72 @@ inline __m512 load16(const uint16_t* p, __mmask16 m) {
 }
 inline __mmask16 lanes_below(int n) { return n >= kLanes ? 0xffff : static_cast<__mmask16>((1u << n) - 1); }
 
-// q . k for each key in `seen`: lanes of 16 values, then the lanes summed by halves.
+// q . k for each key in `seen`: lanes of 16 values, then the lanes summed by halves. Four keys
+// at a time, each with its own sums, so their chains overlap; a key's arithmetic is the same.
+template <typename T>
+inline float score(const float* q, const T* k, int dim) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int d = 0; d < dim; d += kLanes) {
+        const __mmask16 m = lanes_below(dim - d);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load16(k + d, m), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 template <typename T>
 void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
-    for (int i = 0; i < n; ++i) {
-        const T* k = keys + seen[i] * key_stride;
-        __m512 acc = _mm512_setzero_ps();
+    constexpr int kKeys = 4;
+    int i = 0;
+    for (; i + kKeys <= n; i += kKeys) {
+        __m512 acc[kKeys];
+        const T* k[kKeys];
+        for (int u = 0; u < kKeys; ++u) {
+            acc[u] = _mm512_setzero_ps();
+            k[u] = keys + seen[i + u] * key_stride;
+        }
         for (int d = 0; d < dim; d += kLanes) {
             const __mmask16 m = lanes_below(dim - d);
-            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load16(k + d, m), acc);
+            const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
+            for (int u = 0; u < kKeys; ++u) acc[u] = _mm512_fmadd_ps(qd, load16(k[u] + d, m), acc[u]);
         }
-        out[i] = _mm512_reduce_add_ps(acc);
+        for (int u = 0; u < kKeys; ++u) out[i + u] = _mm512_reduce_add_ps(acc[u]);
     }
+    for (; i < n; ++i) out[i] = score(q, keys + seen[i] * key_stride, dim);
+}
+
+// exp_nonpositive on 16 lanes.
+inline __m512 exp_nonpositive16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                                        _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
+                                   _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187045e-06f)));
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    for (const float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    const __m512i exponent = _mm512_max_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+                                              _mm512_set1_epi32(1));
+    const __m512 two_n = _mm512_castsi512_ps(_mm512_slli_epi32(exponent, 23));
+    return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GE_OQ), p, two_n);
+}
+
+// weights[i] = exp(weights[i] - max) in place; returns their sum (lane l sums i = l mod 16).
+inline float softmax_numerators(float* weights, int n) {
+    __m512 highest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int i = 0; i < n; i += kLanes) {
+        highest = _mm512_max_ps(highest, _mm512_mask_loadu_ps(highest, lanes_below(n - i), weights + i));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(highest));
+    __m512 sums = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += kLanes) {
+        const __mmask16 m = lanes_below(n - i);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, weights + i), top)));
+        _mm512_mask_storeu_ps(weights + i, m, e);
+        sums = _mm512_add_ps(sums, e);
+    }
+    float lanes[kLanes];
+    _mm512_storeu_ps(lanes, sums);
+    return lanes_sum(lanes);
 }
 
 // acc[d] = sum over i, in order, of weights[i] * v_i[d], 128 values of d at a time in registers.
@@ -132,6 +186,17 @@ void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, 
     }
 }
 
+inline float softmax_numerators(float* weights, int n) {
+    float highest = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
+    float lanes[kLanes] = {};
+    for (int i = 0; i < n; ++i) {
+        weights[i] = exp_nonpositive(weights[i] - highest);
+        lanes[i % kLanes] += weights[i];
+    }
+    return lanes_sum(lanes);
+}
+
 template <typename T>
 void weighted_sum(const float* weights, const T* values, int64_t value_stride, const int* seen, int n, int dim,
                   float* acc) {
@@ -163,16 +228,7 @@ void one_row(const T* query, const T* keys, const T* values, const bool* mask, i
     }
     for (int d = 0; d < dim; ++d) q[d] = load<T>(query + d) * scale;
     scores(q.data(), keys, key_strides.position, seen.data(), n, dim, weights.data());
-    float highest = -std::numeric_limits<float>::infinity();
-    for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
-    for (int i = 0; i < n; ++i) weights[i] = exp_nonpositive(weights[i] - highest);
-    float lanes[kLanes] = {};
-    int i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) lanes[l] += weights[i + l];
-    }
-    for (; i < n; ++i) lanes[i % kLanes] += weights[i];
-    const float total = lanes_sum(lanes);
+    const float total = softmax_numerators(weights.data(), n);
     weighted_sum(weights.data(), values, value_strides.position, seen.data(), n, dim, acc.data());
     for (int d = 0; d < dim; ++d) out[d] = store<T>(acc[d] / total);
 }
