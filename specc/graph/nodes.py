@@ -10,7 +10,8 @@ import torch.fx as fx
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 ATTENTION_WINDOW = "specc_attention_window"   # an attention call's meta: its layer's sliding window (capture)
 WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window it hides keys beyond
-PADDED_ROWS = "specc_padded_rows"             # an attention call's meta: the query rows up to which it computes each row alike
+# An attention call's meta: the query rows up to which it computes each row alike (padded to them, or row by row).
+PADDED_ROWS = "specc_padded_rows"
 ROW_ATTENTION = "specc.row_attention.default"   # the row-by-row attention kernel, by name (graph/ imports no kernels)
 FROZEN_COPIES = "specc_frozen_copies"         # a GraphModule's meta: attributes holding copies of frozen weights
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")

@@ -31,7 +31,8 @@ package was first tuned at 2 rows with one-row calls run as two identical
 rows, because the packaged kernels ran one row slower than two. It is now
 tuned at `NARROW_ROWS_BF16` = 4 and every call of fewer rows runs padded to 4
 (`PaddedRows`), which makes verifying up to 4 rows exact (`exact_rows`). A
-graph whose every linear is quantized pads only its attention rows itself and
+graph whose every linear is quantized pads only its attention rows itself (or,
+under q4/q8, computes them one by one: `passes/use_row_attention.py`) and
 runs calls as they come (its narrow package serves 1-3 rows: `ALIKE_NARROW_ROWS`):
 a q4 decode step then costs one row's work, not four.
 
@@ -86,7 +87,7 @@ class AOTInductorBackend(Backend):
     # row matched except where the call's rows straddled a key block (`rows_in_key_block`, which the
     # loop respects). Measurements: docs/backends.md#measurements-behind-the-lowering-choices.
     # A graph whose every linear is specc's or PyTorch's quantized kernel and whose attention pads
-    # its own rows (`graph.nodes.rows_computed_alike`) runs as called: the package keeps those
+    # or computes its own rows (`graph.nodes.rows_computed_alike`) runs as called: the package keeps those
     # kernels as calls, and the rest of what Inductor generates computes each row on its own
     # (tests/engine/test_exact_rows.py), so a one-row decode step skips three rows of work.
     row_exactness = RowExactness.PADDED_UNLESS_ALIKE

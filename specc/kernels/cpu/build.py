@@ -71,7 +71,8 @@ def _torch_flags() -> list[str]:
     from torch.utils.cpp_extension import include_paths
 
     libraries = str(Path(torch.__file__).resolve().parent / "lib")
-    return [*(f"-I{path}" for path in include_paths()), f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [*(f"-I{path}" for path in include_paths()), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-L{libraries}", f"-Wl,-rpath,{libraries}", "-lc10", "-ltorch_cpu"]
 
 
