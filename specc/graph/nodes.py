@@ -42,6 +42,12 @@ def attention_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target == SDPA]
 
 
+def graph_modules(gm: fx.GraphModule) -> list[fx.GraphModule]:
+    """`gm` and the GraphModules it calls (layer segments)."""
+    called = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    return [gm, *(m for m in called if isinstance(m, fx.GraphModule))]
+
+
 def calls_submodules(gm: fx.GraphModule, prefixes: tuple[str, ...]) -> bool:
     """Whether the graph already calls submodules named with one of `prefixes`
     (a segmenting pass has run on it)."""

@@ -80,6 +80,8 @@ def vectorized() -> bool:
 
 
 def check_inputs(rows: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> None:
+    if rows.device.type != "cpu" or packed.device.type != "cpu":
+        raise ValueError(f"blocked_matmul runs on the CPU, got rows on {rows.device} and weights on {packed.device}")
     if rows.dim() != 2 or rows.dtype != torch.bfloat16:
         raise ValueError(f"blocked_matmul takes bfloat16 rows [n, in], got {rows.dtype} {list(rows.shape)}")
     if bits not in BITS or packed.dtype != torch.uint8 or packed.dim() != 3:

@@ -27,6 +27,9 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    devices = sorted({str(t.device) for t in (query, key, value, mask)})
+    if devices != ["cpu"]:
+        raise ValueError(f"row_attention runs on the CPU, got tensors on {devices}")
     if any(t.dim() != 4 for t in (query, key, value, mask)):
         raise ValueError(f"row_attention takes 4-d query, key, value and mask, got "
                          f"{[t.dim() for t in (query, key, value, mask)]} dimensions")

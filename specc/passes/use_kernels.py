@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import attention_nodes
+from specc.graph.nodes import attention_nodes, graph_modules
 from specc.graph.patterns import is_cached_attention
 from specc.graph.tidy import tidy
 from specc.kernels import KERNELS
@@ -54,7 +54,7 @@ class UseKernels(GraphPass):
 
     def run(self, gm: fx.GraphModule) -> PassResult:
         replaced, inserted = [], []
-        for module in _graph_modules(gm):
+        for module in graph_modules(gm):
             pending = attention_nodes(module.graph)
             if not pending:
                 continue
@@ -68,12 +68,6 @@ class UseKernels(GraphPass):
         if not replaced:
             return PassResult.unchanged(gm)
         return PassResult(gm, True, inserted=inserted, replaced=replaced)
-
-
-def _graph_modules(gm: fx.GraphModule) -> list[fx.GraphModule]:
-    """`gm` and the GraphModules it calls (layer segments)."""
-    called = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"]
-    return [gm, *(m for m in called if isinstance(m, fx.GraphModule))]
 
 
 def _check_rewritable(sdpa: fx.Node) -> None:

@@ -1,14 +1,17 @@
 """Run a quantized engine's attention through specc's row-by-row CPU kernel.
 
-Once every linear of a graph is one of specc's blocked kernels (`quantize_linear_weights`,
-`q4`/`q8`), each masked `scaled_dot_product_attention` (the form `insert_kv_cache`
-leaves: `sdpa(query, keys, values, attn_mask, scale=…, enable_gqa=…)` with a boolean
-mask) becomes `torch.ops.specc.row_attention(query, keys, values, attn_mask, scale)`,
-the same computation with each query row computed on its own. The graph then computes
-every row alike at any row count, which the runtime reads from the node's
-`PADDED_ROWS` record as `pad_attention_rows` leaves it (`graph.nodes.rows_computed_alike`),
-without the padded rows PyTorch's attention needed, and without its fixed cost per call:
-docs/quantization.md. An attention call of another form is left for `pad_attention_rows`.
+Under specc's blocked kernels (`quantize_linear_weights`, `q4`/`q8`) each masked
+`scaled_dot_product_attention` of every graph of the engine, its segments included (the
+form `insert_kv_cache` leaves: `sdpa(query, keys, values, attn_mask, scale=…,
+enable_gqa=…)` with a boolean mask) becomes `torch.ops.specc.row_attention(query, keys,
+values, attn_mask, scale)`, the same computation with each query row computed on its own.
+Every graph must take the same attention: a method's graph that kept PyTorch's (one with a
+linear left, or segments) rounded its rows otherwise than the `none` engine and its tokens
+drifted from `none`'s. A graph whose every linear is quantized then computes every row
+alike at any row count, which the runtime reads from the node's `PADDED_ROWS` record as
+`pad_attention_rows` leaves it (`graph.nodes.rows_computed_alike`), without the padded
+rows PyTorch's attention needed and without its fixed cost per call: docs/quantization.md.
+An attention call of another form is left for `pad_attention_rows`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import PADDED_ROWS, attention_nodes, weights_all_quantized
+from specc.graph.nodes import PADDED_ROWS, attention_nodes, graph_modules
 from specc.graph.tidy import tidy
 from specc.kernels import row_attention  # noqa: F401  (registers torch.ops.specc.row_attention)
 from specc.passes.base import GraphPass, PassResult
@@ -35,12 +38,17 @@ class UseRowAttention(GraphPass):
         return {"rows": self.rows}
 
     def run(self, gm: fx.GraphModule) -> PassResult:
-        pending = [n for n in attention_nodes(gm.graph) if _rewritable(n)]
-        if not pending or not weights_all_quantized(gm):
+        inserted, replaced = [], []
+        for module in graph_modules(gm):
+            pending = [n for n in attention_nodes(module.graph) if _rewritable(n)]
+            for sdpa in pending:
+                replaced.append(sdpa.name)
+                inserted.append(self._swap(module.graph, sdpa).name)
+            if pending:
+                tidy(module)
+        if not replaced:
             return PassResult.unchanged(gm)
-        inserted = [self._swap(gm.graph, sdpa).name for sdpa in pending]
-        tidy(gm)
-        return PassResult(gm, True, inserted=inserted, replaced=[n.name for n in pending])
+        return PassResult(gm, True, inserted=inserted, replaced=replaced)
 
     def _swap(self, graph: fx.Graph, sdpa: fx.Node) -> fx.Node:
         query, keys, values, mask = sdpa.args

@@ -1,6 +1,7 @@
 """use_row_attention: on a graph whose every linear is one of specc's blocked kernels, each masked
 attention call runs through `specc.row_attention`, computing what PyTorch's attention computes, and
-the graph computes rows alike without padding; a graph with a linear left is left alone."""
+the graph computes rows alike without padding; a graph with a linear left takes the kernel too
+(every graph of an engine must round attention alike) but still runs padded."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def test_in_bfloat16_a_call_of_several_rows_computes_the_bits_of_one_row_steps(g
     assert torch.equal(stepwise[:, 8:], together[:, 8:])
 
 
-def test_a_graph_with_a_linear_left_is_left_alone(graphs):
+def test_a_graph_with_a_linear_left_takes_the_kernel_too_but_is_not_alike(graphs):
     full, _, _ = graphs
-    assert not UseRowAttention(4)(copy.deepcopy(full)).modified
+    rewritten, records = run_passes("target", copy.deepcopy(full), [UseRowAttention(4)])
+    assert records[0].modified and not attention_nodes(rewritten.graph)
+    assert rows_computed_alike(rewritten) is None   # its bfloat16 linears still round by the row count
