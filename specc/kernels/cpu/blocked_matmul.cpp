@@ -14,6 +14,8 @@
 // of the call and the threads, so a row's result never depends on the others;
 // the vector and the scalar paths compute each lane alike.
 
+#include "bf16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,20 +34,8 @@ constexpr int kRowTile = 4;
 constexpr int kFarPrefetchBytes = 65536;
 constexpr int kNearPrefetchBytes = 8192;
 
-inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
+using specc_cpu::bf16_to_float;
+using specc_cpu::float_to_bf16;
 
 inline float fp16_to_float(uint16_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;

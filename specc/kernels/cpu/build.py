@@ -80,7 +80,8 @@ def library_path(name: str, cxx: str) -> Path:
     import torch
 
     digest = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in sources(name)), _compiler_version(cxx).encode(),
+    headers = sorted(SOURCES.glob("*.h"))   # what the sources include
+    for part in (*(file.read_bytes() for file in [*sources(name), *headers]), _compiler_version(cxx).encode(),
                  " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
         digest.update(part)
     return cache_root() / "kernels" / f"{name}-{digest.hexdigest()[:16]}.so"

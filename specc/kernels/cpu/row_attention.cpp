@@ -10,6 +10,8 @@
 // without padding its calls. Sums run over 16 lanes in a fixed order, then across the
 // lanes in a fixed order; exp is a fixed polynomial; a row that may see no key is zeros.
 
+#include "bf16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,20 +24,8 @@ namespace {
 
 constexpr int kLanes = 16;
 
-inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
+using specc_cpu::bf16_to_float;
+using specc_cpu::float_to_bf16;
 
 // exp(x) for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2;
 // relative error ~2e-7. Below -87 (where 2^n leaves the normal floats) it is 0.
