@@ -32,6 +32,7 @@ from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
 from specc.kernels.cpu.build import compiler
 from specc.quantize.schemes import BLOCKED, Scheme, parse_scheme
+from specc.quantize.teacher import TEACHERS, round_linear_weights
 from specc.contract.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.console.progress import StageReporter, ticking
@@ -55,6 +56,7 @@ class CompileRequest:
     show_progress: bool = False
     device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
     quantize: str | None = None   # weight-only quantization of the target's linears: specc.quantize.schemes.SCHEMES
+    teacher: str = "unquantized"   # what training distills from under `quantize`: specc.quantize.teacher.TEACHERS
 
 
 def validate(request: CompileRequest):
@@ -65,6 +67,7 @@ def validate(request: CompileRequest):
     check_dtype(request.dtype)
     if request.quantize is not None:
         check_quantize(request, parse_scheme(request.quantize))
+    check_teacher(request)
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
@@ -103,6 +106,13 @@ def check_quantize(request: CompileRequest, scheme: Scheme) -> None:
                          f"compiler with OpenMP (install g++ or set CXX), or choose a weight-only scheme (int4, int8)")
 
 
+def check_teacher(request: CompileRequest) -> None:
+    if request.teacher not in TEACHERS:
+        raise UsageError(f"unknown --teacher {request.teacher!r}; choose from: {', '.join(TEACHERS)}")
+    if request.teacher == "quantized" and request.quantize is None:
+        raise UsageError("--teacher quantized distills from the model as --quantize packs it: pass --quantize too")
+
+
 def compile_engine(request: CompileRequest) -> dict:
     start = time.perf_counter()
     method, backend, config, checkpoint = validate(request)
@@ -113,6 +123,8 @@ def compile_engine(request: CompileRequest) -> dict:
         tokenizer = load_tokenizer(checkpoint)
     captures: dict = {}
     method_state, trained_weights, training = {}, {}, None
+    if request.teacher == "quantized" and method.train is None:
+        log.warning("--teacher quantized changes nothing: %s does not train", method.name)
     if method.train is not None:
         trained, training = _train(method, config, request, checkpoint, models, captures, tokenizer, progress,
                                    device)
@@ -173,11 +185,16 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
     device = engine_device if method.trains_on_device else torch.device("cpu")
     hidden = models[TARGET].config.hidden_size
     train_dtype = training_dtype(request.dtype, hidden, device)
-    if train_dtype == request.dtype:
+    quantized_teacher = request.teacher == "quantized"
+    if train_dtype == request.dtype and not quantized_teacher:
         train_models, train_captures = models, captures
     else:
         with progress.stage(f"loading a {train_dtype} copy to train in"):
             train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
+    if quantized_teacher:
+        with progress.stage(f"rounding the teacher's weights through {request.quantize}"):
+            for model in train_models.values():
+                round_linear_weights(model, parse_scheme(request.quantize), getattr(torch, request.dtype))
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
         context = training_context(train_models, method, config, request.max_seq_len, kernels=request.kernels,
                                    captures=train_captures, device=device, engine_backend=request.backend,
@@ -185,7 +202,8 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
     start = time.perf_counter()
     with progress.stage(f"training/calibrating {method.name}", own_line=True):
         trained = method.train(context, config, tokenizer)
-    report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype, "device": str(device)}
+    report = {"seconds": round(time.perf_counter() - start, 3), "dtype": train_dtype, "device": str(device),
+              **({"teacher": f"{request.quantize} weights"} if quantized_teacher else {})}
     if request.dtype != "float32":
         probe = matmul_seconds((request.dtype, "float32"), hidden, device)
         report["matmul_ms"] = {name: round(seconds * 1e3, 4) for name, seconds in probe.items()}

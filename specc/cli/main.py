@@ -10,6 +10,7 @@ from pathlib import Path
 from specc.capture.load import DTYPES
 from specc.lower.registry import backend_names
 from specc.errors import SpeccError
+from specc.quantize.teacher import TEACHERS
 
 
 
@@ -88,6 +89,9 @@ def _add_compile(verbs):
                    help="quantization of the model's linear layers (CPU, with --dtype bfloat16): q4 or q8 "
                         "(blocks of 32, int8 activations, specc's kernel: the fastest), or weight-only int8 "
                         "(per channel), int4 (groups of 32), int4-g64|g128|g256")
+    p.add_argument("--teacher", choices=TEACHERS, default="unquantized",
+                   help="with --quantize: the model training distills from, the checkpoint as given "
+                        "(unquantized) or with the weights --quantize packs (quantized)")
     _device_option(p, "the engine will run (training and ahead-of-time lowering run there too)")
     return p
 
@@ -398,7 +402,7 @@ def _compile(args) -> int:
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
         max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, kernels=args.kernels,
-        show_progress=True, device=args.device, quantize=args.quantize,
+        show_progress=True, device=args.device, quantize=args.quantize, teacher=args.teacher,
     )
     quantized = f", {args.quantize} weights" if args.quantize else ""
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}{quantized}, "

@@ -78,6 +78,19 @@ class Scheme:
             return {"blocks": blocked.pack_blocked(weight, self.bits)}
         return pack_int8(weight) if self.bits == 8 else pack_int4(weight, self.group)
 
+    def dequantize(self, weight: torch.Tensor) -> torch.Tensor:
+        """The floating `[out, in]` weight the matmul computes with after `pack`, in `weight`'s dtype."""
+        if self.kernel == BLOCKED:
+            q, scales, mins = blocked.unpack_blocked(self.pack(weight)["blocks"], self.bits, weight.shape[0])
+            rounded = q.float() * scales.float()[..., None] + mins.float()[..., None]
+        elif self.bits == 8:
+            packed = pack_int8(weight)
+            rounded = packed["qweight"].float() * packed["scales"].float()[:, None]
+        else:
+            q, scales, zeros = (t.to(weight.dtype).float() for t in _int4_levels(weight, self.group))
+            rounded = (q - 8) * scales[..., None] + zeros[..., None]
+        return rounded.reshape(weight.shape).to(weight.dtype)
+
     def matmul(self, rows: torch.Tensor, packed: dict[str, torch.Tensor]) -> torch.Tensor:
         """`rows [n, in]` (contiguous) times the weight's transpose: `[n, out]`."""
         if self.kernel == BLOCKED:
@@ -141,14 +154,20 @@ def pack_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def pack_int4(weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
     out_features, in_features = weight.shape
+    q, scales, zeros = _int4_levels(weight, group)
+    qweight = aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_features, in_features), INT4_INNER_K_TILES)
+    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
+    return {"qweight": qweight, "scales_and_zeros": scales_and_zeros.to(weight.dtype)}
+
+
+def _int4_levels(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q `[out, in / group, group]` int32 in 0..15, scales and zeros `[out, in / group]` fp32)."""
+    out_features, in_features = weight.shape
     w = weight.detach().float().reshape(out_features, in_features // group, group)
     low, high = w.amin(dim=-1), w.amax(dim=-1)
     scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
     q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32)
-    qweight = aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_features, in_features), INT4_INNER_K_TILES)
-    zeros = low + 8 * scales   # the kernel subtracts 8 from every q
-    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
-    return {"qweight": qweight, "scales_and_zeros": scales_and_zeros.to(weight.dtype)}
+    return q, scales, low + 8 * scales   # the kernel subtracts 8 from every q
 
 
 def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
