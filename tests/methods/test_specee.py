@@ -20,8 +20,10 @@ from specc.methods.specee.config import SCHEDULE_KEY
 from specc.methods.specee.runtime import build_runtime
 from specc.methods.specee.train import train_specee
 from specc.runtime.context import MethodContext
+from specc.runtime.drafter import Capabilities, Draft
 from specc.runtime.generate import generate
 from specc.runtime.sampling import SamplingConfig
+from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.testing.checkpoints import (FAMILIES, assert_distribution, assert_matches_hf_greedy,
                                        assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint, exact_marginals,
                                        sample_calibration_text, varied_prompts)
@@ -114,6 +116,48 @@ def test_lossless_sampling_matches_the_target_distribution(tmp_path, one_thread)
     assert_distribution(counts[0], second, "second token")
     assert_distribution(counts[1], third, "third token")
     assert any(e < 3 for e in drafter.early.exit_layers)
+
+
+class TakesTurns:
+    """Every other round another branch's chain (the context's last tokens, reversed) is
+    verified and the lossless drafter is not asked; it is shown every round, as a composed
+    drafter shows its branches (`specc.runtime.compose`)."""
+
+    capabilities = Capabilities(resumable=True, composable=True)
+
+    def __init__(self, drafter):
+        self.drafter, self.rounds = drafter, 0
+
+    def begin(self, prompt, prefill):
+        self.drafter.begin(prompt, prefill)
+
+    def propose(self, tokens, budget, sampling, generator):
+        self.rounds += 1
+        if self.rounds % 2:
+            return self.drafter.propose(tokens, budget, sampling, generator)
+        chain = [tokens[-1], *tokens[-3:-1][::-1]][:budget.max_depth + 1]
+        return Draft(tree_tensors(TreeSpec.chain(len(chain) - 1)), torch.tensor(chain))
+
+    def observe(self, draft, acceptance, verification):
+        self.drafter.observe(draft, acceptance, verification)
+
+
+def test_a_lossless_drafter_shown_another_branchs_chain_keeps_its_head_in_step(programs, one_thread):
+    """The head's KV over the committed tokens, the unasked rounds' roots included, is what
+    drafting every round leaves, and the tokens stay HF greedy's."""
+    checkpoint, program, state = programs("llama")
+    prompts = varied_prompts(16, 96, seed=11)
+    heads = []
+    for wrap in (lambda drafter: drafter, TakesTurns):
+        target, drafter, _ = runtime(program, state)
+        results = assert_matches_hf_greedy(
+            lambda ids: generate(target, wrap(drafter), ids, MAX_NEW_TOKENS, SamplingConfig(), MAX_SEQ_LEN),
+            checkpoint, prompts, MAX_NEW_TOKENS)
+        # the head's KV after the last prompt; its last token never ran through the head
+        committed = len(prompts[-1]) + len(results[-1].token_ids) - 1
+        heads.append([t[..., :committed, :] for t in drafter.early.head.model.cache.tensors])
+    for every_round, taking_turns in zip(*heads):
+        torch.testing.assert_close(taking_turns, every_round, rtol=1e-4, atol=1e-5)
 
 
 # --- ar mode (lossy) --------------------------------------------------------------

@@ -18,6 +18,9 @@ from specc.testing.checkpoints import assert_matches_hf_greedy, build_tiny_check
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
 TRAIN = ["train_steps=20", "train_seq_len=32", "eval_sequences=2", "eval_every=20", "learning_rate=1e-2"]
+# SpecEE's lossless drafter must exit for its chain to be a draft: a low threshold, every layer scheduled.
+SPECEE = ["train_steps=20", "train_windows=8", "predictor_windows=4", "eval_sequences=2", "predictor_epochs=3",
+          "train_seq_len=32", "eval_every=10", "exit_threshold=0.001", "offline_layers=64"]
 
 
 def repeating_prompts() -> list[list[int]]:
@@ -34,7 +37,8 @@ def composed_engine(checkpoints, tmp_path_factory):
         if method not in built:
             target, draft = checkpoints("llama")[:2]
             root = tmp_path_factory.mktemp(method)
-            settings = {"draft-model": [f"draft_model={draft}"], "kangaroo": [*TRAIN, "exit_layer=1"]}[method]
+            settings = {"draft-model": [f"draft_model={draft}"], "kangaroo": [*TRAIN, "exit_layer=1"],
+                        "specee": SPECEE}[method]
             compile_engine(CompileRequest(model=str(target), method=method, output=root / "engine",
                                           max_seq_len=MAX_SEQ_LEN, settings=[*settings, "lookup=true"]))
             built[method] = load_engine(root / "engine"), target
@@ -44,11 +48,12 @@ def composed_engine(checkpoints, tmp_path_factory):
 
 
 @pytest.mark.parametrize("max_rows", [None, 4])
-@pytest.mark.parametrize("method", ["kangaroo", "draft-model"])
+@pytest.mark.parametrize("method", ["kangaroo", "draft-model", "specee"])
 def test_a_model_drafter_and_the_ngram_branch_share_the_tree_losslessly(composed_engine, one_thread, method,
                                                                         max_rows):
     """Both branches get accepted tokens in, with trees and under the chain-only budget of
-    bfloat16 engines (`max_rows=4`), and every token is HF greedy's."""
+    bfloat16 engines (`max_rows=4`), and every token is HF greedy's. (SpecEE's drafter writes
+    the target's cache as it drafts, and its exact leading rows ride in the merged draft.)"""
     engine, target = composed_engine(method)
     runtime = engine_runtime(engine.method, engine.context, engine.config)
     assert type(runtime.drafter).__name__ == "ComposedDrafter"
@@ -58,6 +63,11 @@ def test_a_model_drafter_and_the_ngram_branch_share_the_tree_losslessly(composed
     branches = runtime.drafter.method_report()["branches"]
     assert set(branches) == {method, "lookup"}
     assert branches[method]["accepted_tokens"] > 0 and branches["lookup"]["accepted_tokens"] > 0
+
+
+def test_specee_lookup_needs_its_lossless_chain():
+    with pytest.raises(UsageError, match="mode='tree' drafts no chain"):
+        get_method("specee").config_class.from_assignments(["mode=tree", "lookup=true"])
 
 
 def test_without_lookup_settings_the_methods_drafter_runs_alone(composed_engine):
@@ -97,7 +107,7 @@ def test_a_method_that_does_not_compose_takes_no_load_time_settings(tmp_path):
         load_engine(tmp_path / "engine", settings=["lookup=true"])
 
 
-@pytest.mark.parametrize("method", ["kangaroo", "draft-model", "eagle"])
+@pytest.mark.parametrize("method", ["kangaroo", "draft-model", "eagle", "specee"])
 def test_every_composable_method_lists_the_shared_lookup_settings(method):
     fields = {field["name"] for field in get_method(method).config_class.describe_fields()}
     assert {"lookup", "lookup_max_ngram", "lookup_tokens", "lookup_corpus"} <= fields

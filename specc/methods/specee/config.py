@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from specc.errors import UsageError
 from specc.contract.config import MethodConfig, option
-from specc.contract.options import CalibrationOptions, DistillationOptions
+from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
 MODES = ("lossless", "ar", "tree")
@@ -16,7 +16,7 @@ SCHEDULE_KEY = "schedule"
 
 
 @dataclass(frozen=True)
-class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
+class SpecEEConfig(MethodConfig, CompositionOptions, DistillationOptions, CalibrationOptions):
     mode: str = option("lossless", "lossless: early-exit tokens are drafts the full model verifies (output "
                                    "identical to the target); ar: the paper's public path, a token leaves at "
                                    "its exit layer unverified (lossy, faster when exits are early); tree: the "
@@ -81,6 +81,9 @@ class SpecEEConfig(MethodConfig, DistillationOptions, CalibrationOptions):
         super().__post_init__()   # every field's bounds, the option blocks' checks
         _check(self.kv_policy != "finish" or self.mode == "ar",
                f"kv_policy=finish needs mode=ar (mode={self.mode!r} verifies or flattens exited tokens itself)")
+        _check(self.mode == "lossless" or not (self.lookup or self.lookup_corpus),
+               f"lookup and lookup_corpus share mode=lossless's draft chain with lookup branches; mode={self.mode!r} "
+               f"drafts no chain another branch can join")
 
 def _check(ok: bool, message: str) -> None:
     if not ok:

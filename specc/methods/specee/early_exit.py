@@ -166,11 +166,15 @@ def previous_features(features: torch.Tensor, before: torch.Tensor | None = None
 
 class FollowsAcceptedTokens:
     """A drafter whose draft head must stay in step with what the target accepted: the
-    head's KV primed with every committed token, `feature` the next root's input."""
+    head's KV primed with every committed token, `feature` the next root's input. A round
+    reads the draft the target verified, which may be another branch's
+    (`specc.runtime.compose`): the accepted tokens are its nodes on the acceptance path, and
+    a root the head did not draft from (`_drafted` unset) is primed with them."""
 
     early: EarlyExit
     feature: torch.Tensor | None = None
     _undrafted_root: int | None = None   # a root the loop stepped without a draft
+    _drafted = False   # whether this round's root ran through the head (`propose` returned a draft)
     _fed = 0   # committed tokens: `feature` is the one at slot _fed - 1
 
     def _prime_prompt(self, prompt: torch.Tensor, prefill) -> None:
@@ -183,17 +187,20 @@ class FollowsAcceptedTokens:
         before = self.feature if start > 0 and start == self._fed else None
         self.early.head.prime(prompt[start:], start, previous_features(features, before))
         self.feature, self._fed = features[-1], prompt.numel()
+        self._undrafted_root, self._drafted = None, False
 
     def _follow(self, draft, acceptance, verification) -> None:
         features = verification.extras[FEATURE]
         start = int(verification.slots[0])
+        undrafted, self._undrafted_root = self._undrafted_root, None
+        drafted, self._drafted = self._drafted, False
         if draft is None:
-            if self._undrafted_root is not None:   # else the loop stepped without asking: the last token
-                self.early.head.prime(verification.slots.new_tensor([self._undrafted_root]), start,
-                                      self.feature[None])
-                self._undrafted_root = None
+            if undrafted is not None:   # else the loop stepped without asking: the last token
+                self.early.head.prime(verification.slots.new_tensor([undrafted]), start, self.feature[None])
             self.feature, self._fed = features[-1], start + features.shape[0]
             return
+        if not drafted:   # another branch's draft was verified: the head never saw its root
+            self.early.head.prime(draft.node_tokens[:1], start, self.feature[None])
         path = acceptance.path
         accepted = draft.node_tokens[path[1:]]
         if accepted.numel():

@@ -314,6 +314,7 @@ class TreeDrafter(FollowsAcceptedTokens):
             return None
         node_tokens, tree, candidates = draft_tree(self.early.head, tokens[-1], len(tokens) - 1, self.feature,
                                                    depth, self.width)
+        self._drafted = True
         return Draft(tree, node_tokens, None, {CANDIDATES: candidates})
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:

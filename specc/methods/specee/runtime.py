@@ -144,8 +144,8 @@ class PartialVerifier:
         return self.full.prefill(tokens, start)
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
-        if draft.tree.spec.widths != (1,) * draft.tree.spec.depth:
-            raise SpeccError("specee drafts chains; a tree reached its verifier")
+        if draft.tree.spec.widths != (1,) * draft.tree.spec.depth:   # merged with lookup branches
+            return self.full.verify_tree(draft, prefix_len)
         exact = draft.extras.get(EXACT_LOGITS)
         known = 0 if exact is None else exact.shape[0]
         rest = self.full.run_chunk(draft.node_tokens[known:], prefix_len + known)
@@ -160,9 +160,12 @@ class PartialVerifier:
 
 
 class EarlyExitDrafter(FollowsAcceptedTokens):
-    """`lossless` mode: early-exit tokens are a chain the full model verifies."""
+    """`lossless` mode: early-exit tokens are a chain the full model verifies. It composes with
+    the lookup branches: its exact leading nodes keep their indices in a merged draft, and
+    the verifier recomputes a merged tree whole."""
 
-    capabilities = Capabilities(resumable=True, reports=True)   # the head's KV holds a reused prefix
+    # resumable: the head's KV holds a reused prefix
+    capabilities = Capabilities(resumable=True, composable=True, reports=True)
 
     def __init__(self, early: EarlyExit, max_steps: int):
         self.early = early
@@ -204,6 +207,7 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
                 break
             exited = exited or not ran_every_layer
         tree = tree_tensors(TreeSpec.chain(len(chain) - 1))
+        self._drafted = True
         extras = {EXACT_LOGITS: torch.stack(exact_logits), EXACT_FEATURES: torch.stack(exact_hidden)} \
             if exact_logits else {}
         return Draft(tree, torch.tensor(chain, device=self.early.device), torch.stack(probs) if probs else None,
