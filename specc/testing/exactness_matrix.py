@@ -40,7 +40,7 @@ METHOD_SETTINGS: dict[str, list[str]] = {
 }
 METHODS = tuple(METHOD_SETTINGS)   # every registered lossless method, `none` first
 # The methods whose drafter composes with the lookup branches (`CompositionOptions`).
-COMPOSABLE = ("draft-model", "kangaroo", "eagle")
+COMPOSABLE = ("draft-model", "kangaroo", "eagle", "specee")
 TRAINED = ("kangaroo", "firp", "s3d", "specee", "eagle")   # take calibration text the target samples
 
 
