@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                               "method_config": engine.config.to_json(),
                               "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
                               "quantization": engine.manifest.get("quantization"),
+                              "teacher": (engine.manifest.get("training") or {}).get("teacher"),
                               "compile_seconds": engine.manifest.get("compile_seconds")}
                        for name, engine in zip(names, engines)},
            "peers": {peer.name: peer.describe() for peer in peers},
@@ -195,6 +196,7 @@ def markdown(doc: dict) -> str:
         settings_text = ", ".join(f"{k}={v}" for k, v in engine["method_config"].items()
                                   if k not in ("draft_model", "calib_data", "version") and v not in (None, "", 0))
         weights = f", {engine['quantization']['scheme']} weights" if engine.get("quantization") else ""
+        weights += f", teacher with {engine['teacher']}" if engine.get("teacher") else ""
         lines.append(f"| {engine['method']}{f' ({settings_text})' if settings_text else ''} | {engine['backend']}, "
                      f"{engine['dtype']}{weights} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
                      f"{speedup['median']:.2f}x | {_figure(row['mean_accepted_length'])} | {alpha} | "
