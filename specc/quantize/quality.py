@@ -61,17 +61,24 @@ def quantization_quality(model: torch.nn.Module, tokenizer, scheme: Scheme) -> d
 @contextlib.contextmanager
 def quantized_linears(model: torch.nn.Module, scheme: Scheme):
     """Every `nn.Linear` of `model` computing through `scheme`'s packed weight, restored on exit."""
-    swapped, vocab = [], model.config.vocab_size
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight.is_floating_point():
-            chosen = scheme_for(scheme, module.weight, logits=module.out_features == vocab)
-            module.forward = _quantized_forward(module, chosen, chosen.pack(module.weight))
-            swapped.append(module)
+    swapped = []
+    for module, chosen in linear_schemes(model, scheme):
+        module.forward = _quantized_forward(module, chosen, chosen.pack(module.weight))
+        swapped.append(module)
     try:
         yield
     finally:
         for module in swapped:
             del module.forward
+
+
+def linear_schemes(model: torch.nn.Module, scheme: Scheme):
+    """Each floating `nn.Linear` of `model` with the scheme an engine packs its weight in
+    (`scheme_for`; the one computing logits is the one with a row per vocabulary entry)."""
+    vocab = model.config.vocab_size
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.Linear) and module.weight.is_floating_point():
+            yield module, scheme_for(scheme, module.weight, logits=module.out_features == vocab)
 
 
 def _quantized_forward(linear: torch.nn.Linear, scheme: Scheme, packed: dict):

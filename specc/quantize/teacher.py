@@ -29,15 +29,13 @@ def round_linear_weights(model: torch.nn.Module, scheme: Scheme, engine_dtype: t
     embedding table the engine keeps); returns how many weights were rounded."""
     import torch
 
-    from specc.quantize.schemes import scheme_for
+    from specc.quantize.quality import linear_schemes
 
-    vocab, rounded = model.config.vocab_size, 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight.is_floating_point():
-            weight = module.weight
-            chosen = scheme_for(scheme, weight, logits=module.out_features == vocab)
-            with torch.no_grad():
-                values = chosen.dequantize(weight.detach().to(engine_dtype)).to(weight.dtype)
-            module.weight = torch.nn.Parameter(values, requires_grad=weight.requires_grad)
-            rounded += 1
+    rounded = 0
+    for module, chosen in linear_schemes(model, scheme):
+        weight = module.weight
+        with torch.no_grad():
+            values = chosen.dequantize(weight.detach().to(engine_dtype)).to(weight.dtype)
+        module.weight = torch.nn.Parameter(values, requires_grad=weight.requires_grad)
+        rounded += 1
     return rounded
