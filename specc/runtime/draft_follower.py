@@ -43,6 +43,13 @@ class DraftFollower:
         self._round_base: int | None = None   # the first position fed past the root this round
         self._fed: list[int] = []        # chain tokens fed at _round_base, _round_base + 1, ...
 
+    def reset(self) -> None:
+        """Nothing seen, nothing kept (after a throw-away warm-up round)."""
+        self.valid = 0
+        self._round_base, self._fed = None, []
+        if self.features is not None:
+            self.features.zero_()
+
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         """A new sequence whose first `prefill.slots[0]` tokens are a reused prefix (0: none)."""
         start = int(prefill.slots[0])

@@ -238,7 +238,9 @@ def test_a_lossless_turn_after_a_reused_prefix_matches_hf_greedy(checkpoints, tm
                                                   MAX_NEW_TOKENS)
     assert reused[0] == 0 and reused[-1] > reused[1] > 0
     drafter = loaded.runtime.drafter
-    assert drafter._fed == len(loaded._prefix.tokens), "the kept feature is the last fed token's"
+    kept = len(loaded._prefix.tokens)
+    assert 0 < drafter.follower.valid <= kept, "the head holds no position the target's cache does not"
+    assert bool(drafter.follower.feature_of(kept - 1).any()), "the last kept token's feature is kept"
     assert any(e < drafter.early.layerwise.num_layers - 1 for e in drafter.early.exit_layers)
 
 

@@ -18,6 +18,7 @@ import torch
 from specc.methods.specee.finish_rows import FinishingRows
 from specc.methods.specee.layerwise import LayerwiseForward, LayerwiseResult
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import causal_chunk_mask
 
@@ -165,44 +166,31 @@ def previous_features(features: torch.Tensor, before: torch.Tensor | None = None
 
 
 class FollowsAcceptedTokens:
-    """A drafter whose draft head must stay in step with what the target accepted: the
-    head's KV primed with every committed token, `feature` the next root's input. A round
-    reads the draft the target verified, which may be another branch's
-    (`specc.runtime.compose`): the accepted tokens are its nodes on the acceptance path, and
-    a root the head did not draft from (`_drafted` unset) is primed with them."""
+    """A drafter whose draft head must stay in step with what the target accepted: the head's KV
+    holds each committed token with the target's feature of the token before it, kept by a
+    `DraftFollower`. Before a round drafts, the head catches up on the committed positions it
+    has not seen (the prompt, the tokens accepted since, a root it did not draft from); the root
+    itself runs through the head as the draft's first step, with the target's feature. The
+    accepted tokens are read from the draft the target verified, which may be another branch's
+    (`specc.runtime.compose`)."""
 
     early: EarlyExit
-    feature: torch.Tensor | None = None
-    _undrafted_root: int | None = None   # a root the loop stepped without a draft
-    _drafted = False   # whether this round's root ran through the head (`propose` returned a draft)
-    _fed = 0   # committed tokens: `feature` is the one at slot _fed - 1
+    follower: DraftFollower
 
-    def _prime_prompt(self, prompt: torch.Tensor, prefill) -> None:
-        """Prime the head with the prompt's prefilled rows. After a reused prefix
-        (`specc.runtime.prefix_reuse`) the head's KV already holds the reused tokens, and the
-        first new row's input is the kept feature when the prefix ends where the last
-        generation did (else zeros, as at a prompt's start: a weaker draft, never another output)."""
-        features = prefill.extras[FEATURE]
-        start = int(prefill.slots[0])
-        before = self.feature if start > 0 and start == self._fed else None
-        self.early.head.prime(prompt[start:], start, previous_features(features, before))
-        self.feature, self._fed = features[-1], prompt.numel()
-        self._undrafted_root, self._drafted = None, False
+    def _catch_up(self, tokens: list[int]) -> torch.Tensor:
+        """Prime the head on the committed positions before the root it has not seen, in one call;
+        the root's input feature (the target's of the token before it)."""
+        root = len(tokens) - 1
+        start = self.follower.valid
+        if start < root:
+            positions = torch.arange(start, root, device=self.early.device)
+            self.early.head.prime(torch.tensor(tokens[start:root], device=self.early.device), start,
+                                  self.follower.feature_before(positions))
+        self.follower.caught_up(root)
+        return self.follower.feature_before(root)
 
-    def _follow(self, draft, acceptance, verification) -> None:
-        features = verification.extras[FEATURE]
-        start = int(verification.slots[0])
-        undrafted, self._undrafted_root = self._undrafted_root, None
-        drafted, self._drafted = self._drafted, False
-        if draft is None:
-            if undrafted is not None:   # else the loop stepped without asking: the last token
-                self.early.head.prime(verification.slots.new_tensor([undrafted]), start, self.feature[None])
-            self.feature, self._fed = features[-1], start + features.shape[0]
-            return
-        if not drafted:   # another branch's draft was verified: the head never saw its root
-            self.early.head.prime(draft.node_tokens[:1], start, self.feature[None])
-        path = acceptance.path
-        accepted = draft.node_tokens[path[1:]]
-        if accepted.numel():
-            self.early.head.prime(accepted, start + 1, features[path[:-1]])
-        self.feature, self._fed = features[path[-1]], start + len(path)
+
+def head_follower(full: CachedModel) -> DraftFollower:
+    """The follower of a draft head that reads the target's top-layer feature (`FEATURE`)."""
+    return DraftFollower(full.max_seq_len, full.device, FEATURE, full.architecture.hidden_size,
+                         full.cache.tensors[0].dtype)

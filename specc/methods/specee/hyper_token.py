@@ -41,6 +41,7 @@ from specc.errors import UsageError
 from specc.methods.specee.early_exit import FEATURE, DraftHead, EarlyExit, FollowsAcceptedTokens
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
+from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import apply_sliding_window, tree_mask
 from specc.runtime.sampling import SamplingConfig
@@ -294,14 +295,14 @@ class TreeDrafter(FollowsAcceptedTokens):
 
     capabilities = Capabilities()
 
-    def __init__(self, early: EarlyExit, depth: int, width: int):
+    def __init__(self, early: EarlyExit, depth: int, width: int, follower: DraftFollower):
         self.early = early
         self.depth = depth
         self.width = width
-        self.feature: torch.Tensor | None = None
+        self.follower = follower
 
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
-        self._prime_prompt(prompt, prefill)
+        self.follower.begin(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
@@ -310,12 +311,10 @@ class TreeDrafter(FollowsAcceptedTokens):
                              "argmax); sample with mode=lossless or mode=ar, or decode greedily")
         depth = min(self.depth, budget.max_depth, (budget.max_nodes - 1) // self.width)
         if depth < 1:
-            self._undrafted_root = tokens[-1]
             return None
-        node_tokens, tree, candidates = draft_tree(self.early.head, tokens[-1], len(tokens) - 1, self.feature,
-                                                   depth, self.width)
-        self._drafted = True
+        node_tokens, tree, candidates = draft_tree(self.early.head, tokens[-1], len(tokens) - 1,
+                                                   self._catch_up(tokens), depth, self.width)
         return Draft(tree, node_tokens, None, {CANDIDATES: candidates})
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
-        self._follow(draft, acceptance, verification)
+        self.follower.observe(draft, acceptance, verification)

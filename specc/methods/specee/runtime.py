@@ -25,12 +25,13 @@ import torch
 from specc.errors import SpeccError, UsageError
 from specc.methods.specee.config import SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.early_exit import (FEATURE, DraftHead, EarlyExit, ExitSchedule, FollowsAcceptedTokens,
-                                            previous_features)
+                                            head_follower, previous_features)
 from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.context import MethodContext
+from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import vocabulary_from_state
 from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.sampling import SamplingConfig, probabilities, sample
@@ -51,11 +52,12 @@ def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
         if FEATURE not in ctx.signatures["draft_head"].output_names:
             raise UsageError("this engine's draft head returns no feature for deeper tree levels: mode=tree "
                              "needs an engine compiled with --set mode=tree")
-        verifier, drafter = HyperTokenVerifier(full, early), TreeDrafter(early, config.tree_depth, config.tree_width)
+        verifier, drafter = HyperTokenVerifier(full, early), TreeDrafter(early, config.tree_depth, config.tree_width,
+                                                                   head_follower(full))
         if ctx.compiles_lazily:
             warm_up_tree(verifier, drafter)
         return MethodRuntime(verifier, drafter)
-    return MethodRuntime(PartialVerifier(full), EarlyExitDrafter(early, config.max_draft_steps))
+    return MethodRuntime(PartialVerifier(full), EarlyExitDrafter(early, config.max_draft_steps, head_follower(full)))
 
 
 def build_early_exit(ctx: MethodContext, config: SpecEEConfig, full: CachedModel) -> EarlyExit:
@@ -167,10 +169,10 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
     # resumable: the head's KV holds a reused prefix
     capabilities = Capabilities(resumable=True, composable=True, reports=True)
 
-    def __init__(self, early: EarlyExit, max_steps: int):
+    def __init__(self, early: EarlyExit, max_steps: int, follower: DraftFollower):
         self.early = early
         self.max_steps = max_steps
-        self.feature: torch.Tensor | None = None
+        self.follower = follower
 
     def method_report(self) -> dict:
         return self.early.take_report()
@@ -178,16 +180,15 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
     def begin(self, prompt: torch.Tensor, prefill: Verification) -> None:
         self.early.reset()
         self.early.written_by_full_model(prefill.slots)
-        self._prime_prompt(prompt, prefill)
+        self.follower.begin(prompt, prefill)
 
     def propose(self, tokens: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft | None:
         depth_limit = min(self.max_steps, budget.max_depth, budget.max_nodes - 1)
         if depth_limit < 1:
-            self._undrafted_root = tokens[-1]
             return None
         prefix_len = len(tokens) - 1
-        chain, probs, feature = [tokens[-1]], [], self.feature
+        chain, probs, feature = [tokens[-1]], [], self._catch_up(tokens)
         exact_logits, exact_hidden, exited = [], [], False
         last_layer = self.early.layerwise.num_layers - 1
         for depth in range(depth_limit):
@@ -207,7 +208,6 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
                 break
             exited = exited or not ran_every_layer
         tree = tree_tensors(TreeSpec.chain(len(chain) - 1))
-        self._drafted = True
         extras = {EXACT_LOGITS: torch.stack(exact_logits), EXACT_FEATURES: torch.stack(exact_hidden)} \
             if exact_logits else {}
         return Draft(tree, torch.tensor(chain, device=self.early.device), torch.stack(probs) if probs else None,
@@ -215,7 +215,7 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self.early.written_by_full_model(verification.slots)
-        self._follow(draft, acceptance, verification)
+        self.follower.observe(draft, acceptance, verification)
 
 
 def _warm_up(early: EarlyExit, full: CachedModel) -> None:
@@ -243,11 +243,10 @@ def warm_up_tree(verifier: HyperTokenVerifier, drafter: TreeDrafter) -> None:
     taken = early.layerwise.static_sizes | set(full.cache.tensors[0].shape) | {nodes, drafter.width}
     prefix = untaken_size(taken, nodes + 2) - nodes
     with torch.inference_mode():
-        drafter.feature = torch.zeros(full.architecture.hidden_size, dtype=full.cache.tensors[0].dtype,
-                                      device=full.device)
+        drafter.follower.valid = prefix   # the head drafts from a prefix it never saw: the warm-up primes nothing
         draft = drafter.propose([0] * (prefix + 1), DraftBudget(drafter.depth, nodes), SamplingConfig(), None)
         verifier.verify_tree(draft, prefix)
         verifier.commit(prefix, [0])
-    drafter.feature = None
+    drafter.follower.reset()
     early.reset()
     verifier.method_report()   # the warm-up round is not part of any generation
