@@ -29,6 +29,7 @@ from functools import lru_cache
 import torch
 
 from specc.kernels.dispatch import triton_installed
+from specc.kernels.row_argmax import greedy_tokens
 from specc.runtime.sampling import sample
 from specc.runtime.tree import TreeTensors
 
@@ -53,7 +54,7 @@ def accept_greedy(node_tokens: torch.Tensor, target_logits: torch.Tensor, tree: 
     if _use_op(on_device, target_logits):
         return _or_host(on_device, lambda: _accept_greedy_on_device(node_tokens, target_logits, tree),
                         lambda: accept_greedy(node_tokens, target_logits, tree, on_device=False))
-    best = target_logits.argmax(dim=-1).tolist()
+    best = greedy_tokens(target_logits).tolist()
     tokens = node_tokens.tolist()
     path, node = [0], 0
     while True:

@@ -22,7 +22,7 @@ from specc.errors import SpeccError
 from specc.graph.signature import CACHE_ROLE, LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
 from specc.runtime.drafter import Capabilities, Draft
 from specc.runtime.kv_cache import KVCache
-from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, tree_mask
+from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, padded_key_count, tree_mask
 from specc.runtime.verification import Verification
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
@@ -100,11 +100,12 @@ class CachedModel:
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
         """A causal chunk after `start` cached tokens; logits of its last row only, all the loop reads."""
-        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device), last_logits_only=True)
+        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device, self.max_seq_len),
+                        last_logits_only=True)
 
     def run_chunk(self, tokens: torch.Tensor, start: int) -> Verification:
         """A causal chunk after `start` cached tokens, with every row's logits."""
-        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device))
+        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device, self.max_seq_len))
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         """Score a flattened token tree whose root sits at slot `prefix_len`."""
@@ -114,10 +115,13 @@ class CachedModel:
         self.cache.commit(base, accepted_offsets)
 
 
-def chunk_layout(start: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(positions, cache slots, mask) of a causal chunk of `length` tokens after `start` cached ones."""
+def chunk_layout(start: int, length: int, device,
+                 max_keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions, cache slots, mask) of a causal chunk of `length` tokens after `start` cached
+    ones; with `max_keys`, the mask comes with `pad_keys`'s hidden columns already."""
     slots = torch.arange(start, start + length, device=device)
-    return slots, slots, causal_chunk_mask(start, length, device)
+    keys = None if max_keys is None else max(start + length, padded_key_count(start + length, max_keys))
+    return slots, slots, causal_chunk_mask(start, length, device, keys)
 
 
 def tree_layout(draft: Draft, prefix_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

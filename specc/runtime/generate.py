@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from specc.errors import UsageError
+from specc.kernels.row_argmax import greedy_tokens
 from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
 from specc.runtime.exactness import draft_budget, verifiable
 from specc.runtime.drafter import Draft, Drafter, Target
@@ -152,7 +153,7 @@ def _accept(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, genera
 
 def _choose(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
     if sampling.greedy:
-        return int(logits.argmax())
+        return int(greedy_tokens(logits))
     return sample(probabilities(logits, sampling), generator)
 
 

@@ -7,10 +7,11 @@ import torch
 from specc.runtime.tree import TreeTensors
 
 
-def causal_chunk_mask(start: int, length: int, device="cpu") -> torch.Tensor:
-    """`[1, 1, length, start + length]`: a chunk after `start` cached tokens."""
-    rows = torch.arange(length, device=device)[:, None] + start
-    cols = torch.arange(start + length, device=device)[None, :]
+def causal_chunk_mask(start: int, length: int, device="cpu", keys: int | None = None) -> torch.Tensor:
+    """`[1, 1, length, keys]`: a chunk after `start` cached tokens, over `keys` columns
+    (default `start + length`; more are hidden: `pad_keys`'s mask, made in one step)."""
+    rows = torch.arange(start, start + length, device=device)[:, None]
+    cols = torch.arange(start + length if keys is None else keys, device=device)[None, :]
     return (cols <= rows)[None, None]
 
 

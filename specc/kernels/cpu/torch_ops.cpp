@@ -1,6 +1,7 @@
-// The CPU kernels of this folder as the CPU implementations of torch.ops.specc.blocked_matmul
-// and torch.ops.specc.row_attention (their schemas and fake implementations are defined in
-// Python: specc/kernels/blocked_matmul.py, row_attention.py). Registered in C++ so that a
+// The CPU kernels of this folder as the CPU implementations of torch.ops.specc.blocked_matmul,
+// torch.ops.specc.row_attention and torch.ops.specc.row_argmax (their schemas and fake
+// implementations are defined in Python: specc/kernels/blocked_matmul.py, row_attention.py,
+// row_argmax.py). Registered in C++ so that a
 // call from an AOTInductor package or from eager PyTorch reaches the kernel without Python:
 // through a Python implementation each call cost 20-50 us of wrapping, more than a small
 // matmul or a decode step's attention takes.
@@ -18,6 +19,8 @@ extern "C" int specc_row_attention(const void* query, const int64_t* query_strid
                                    const int64_t* key_strides, const void* values, const int64_t* value_strides,
                                    const bool* mask, const int64_t* mask_strides, int batch, int heads, int kv_heads,
                                    int rows, int kv, int dim, float scale, int dtype, void* out);
+extern "C" int specc_row_argmax(const void* scores, int64_t rows, int64_t n, int64_t row_stride, int dtype,
+                                int64_t* out);
 
 namespace {
 
@@ -78,9 +81,26 @@ at::Tensor row_attention(const at::Tensor& query_in, const at::Tensor& key_in, c
     return out;
 }
 
+// Scores the kernel does not take (another dtype or rank, an empty row) go to torch's argmax.
+at::Tensor row_argmax(const at::Tensor& scores_in) {
+    const auto dtype = scores_in.scalar_type();
+    if (!(scores_in.dim() == 1 || scores_in.dim() == 2) || scores_in.size(-1) == 0
+        || !(dtype == at::kFloat || dtype == at::kBFloat16)) {
+        return scores_in.argmax(-1);
+    }
+    const at::Tensor scores = scores_in.dim() == 1 ? scores_in.unsqueeze(0) : scores_in;
+    const at::Tensor rows = scores.stride(1) == 1 ? scores : scores.contiguous();
+    at::Tensor out = at::empty({rows.size(0)}, rows.options().dtype(at::kLong));
+    const int status = specc_row_argmax(rows.data_ptr(), rows.size(0), rows.size(1), rows.stride(0),
+                                        dtype == at::kFloat ? 0 : 1, out.data_ptr<int64_t>());
+    TORCH_CHECK_VALUE(status == 0, "row_argmax refused its arguments (status ", status, ")");
+    return scores_in.dim() == 1 ? out.squeeze(0) : out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specc, CPU, m) {
+    m.impl("row_argmax", &row_argmax);
     m.impl("blocked_matmul", &blocked_matmul);
     m.impl("row_attention", &row_attention);
 }
