@@ -46,6 +46,13 @@ def option(default, help: str | None = None, **kwargs):
     return field(default=default, metadata=metadata)
 
 
+def require(ok: bool, message: str) -> None:
+    """A rule between a config's fields (one field's range or choices go in its `option(...)`):
+    a `UsageError` with `message` when it fails."""
+    if not ok:
+        raise UsageError(message)
+
+
 class ConfigVersionError(UsageError):
     """A config mapping written by a version of its config class this specc cannot read."""
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.errors import UsageError
-from specc.contract.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option, require
 from specc.contract.options import CalibrationOptions, CompositionOptions
 
 
@@ -30,10 +29,6 @@ class DraftModelConfig(MethodConfig, CompositionOptions, CalibrationOptions):
 
     def __post_init__(self):
         super().__post_init__()   # every field's bounds
-        _check(self.draft_vocab_size == 0 or self.draft_vocab_size >= self.tree_width,
+        require(self.draft_vocab_size == 0 or self.draft_vocab_size >= self.tree_width,
                f"draft_vocab_size={self.draft_vocab_size} is below tree_width={self.tree_width}: the head "
                f"needs a row per sibling; raise draft_vocab_size or lower tree_width")
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)

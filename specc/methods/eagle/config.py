@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.errors import UsageError
-from specc.contract.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option, require
 from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
 
 
@@ -47,7 +47,7 @@ def parse_layers(text: str) -> tuple[int, int, int] | None:
         layers = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise UsageError(f"fused_layers={text!r} must be three comma-separated layer indices, e.g. 2,15,27") from None
-    _check(len(layers) == 3 and all(t >= 1 for t in layers),
+    require(len(layers) == 3 and all(t >= 1 for t in layers),
            f"fused_layers={text!r} must be three layer indices, each 1 or deeper (the state entering that layer)")
     return layers
 
@@ -66,8 +66,3 @@ def default_layers(num_layers: int) -> tuple[int, int, int]:
 
 def fused_layers(config: EagleConfig, num_layers: int) -> tuple[int, int, int]:
     return parse_layers(config.fused_layers) or default_layers(num_layers)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specc.errors import UsageError
-from specc.contract.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option, require
 from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
 from specc.methods.firp.insert_pseudo_hidden_projections import PseudoHiddenConfig
 
@@ -47,11 +47,11 @@ class FIRPConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibratio
 
     def __post_init__(self):
         super().__post_init__()   # every field's bounds, the option blocks' checks
-        _check(list(self.layers) == sorted(self.layers) and all(t >= 1 for t in self.layers),
+        require(list(self.layers) == sorted(self.layers) and all(t >= 1 for t in self.layers),
                f"layers={','.join(map(str, self.layers))} must be non-decreasing layers >= 1 (t_1 <= t_2 ...)")
-        _check(len(self.layers) <= 16, f"layers has {len(self.layers)} entries; at most 16 steps")
+        require(len(self.layers) <= 16, f"layers has {len(self.layers)} entries; at most 16 steps")
         tree_widths(self.tree, self.num_steps)   # raises on a bad tree
-        _check(self.train_seq_len >= self.num_steps + 2,
+        require(self.train_seq_len >= self.num_steps + 2,
                f"train_seq_len={self.train_seq_len} must be at least steps + 2 = {self.num_steps + 2}")
 
     @property
@@ -90,8 +90,3 @@ def sized_tree(nodes: int, depth: int) -> tuple[int, ...]:
     widths = [max(1, round(total * w / sum(weights))) for w in weights]
     widths[0] = max(1, widths[0] + total - sum(widths))
     return tuple(widths)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)

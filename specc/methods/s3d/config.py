@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.errors import UsageError
-from specc.contract.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option, require
 from specc.contract.options import CalibrationOptions, DistillationOptions, OptimizerOptions
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.skip_middle_layers import DEFAULT_SKIP_RATIO, SkipMiddleLayersConfig
@@ -53,10 +52,10 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
     def __post_init__(self):
         super().__post_init__()   # every field's bounds, the option blocks' checks
         block = self.skip_layers
-        _check(block == () or (len(block) == 2 and 1 <= block[0] <= block[1]),
+        require(block == () or (len(block) == 2 and 1 <= block[0] <= block[1]),
                f"skip_layers={','.join(map(str, self.skip_layers))} must be two layers first,last with "
                f"1 <= first <= last (layer 0 is always kept)")
-        _check(bool(self.select_ratios) and all(0.0 < r < 1.0 for r in self.select_ratios),
+        require(bool(self.select_ratios) and all(0.0 < r < 1.0 for r in self.select_ratios),
                f"select_ratios={','.join(map(str, self.select_ratios))} must be skip ratios in (0, 1)")
 
     def skip_config(self) -> SkipMiddleLayersConfig:
@@ -65,8 +64,3 @@ class S3DConfig(MethodConfig, DistillationOptions, OptimizerOptions, Calibration
 
     def lora_config(self) -> DraftLoraConfig:
         return DraftLoraConfig(rank=self.lora_rank, alpha=self.lora_alpha, mlp=self.lora_mlp, seed=self.seed)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specc.errors import UsageError
-from specc.contract.config import MethodConfig, option
+from specc.contract.config import MethodConfig, option, require
 from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY  # noqa: F401  (re-exported: the state key)
 
@@ -79,12 +78,8 @@ class SpecEEConfig(MethodConfig, CompositionOptions, DistillationOptions, Calibr
 
     def __post_init__(self):
         super().__post_init__()   # every field's bounds, the option blocks' checks
-        _check(self.kv_policy != "finish" or self.mode == "ar",
+        require(self.kv_policy != "finish" or self.mode == "ar",
                f"kv_policy=finish needs mode=ar (mode={self.mode!r} verifies or flattens exited tokens itself)")
-        _check(self.mode == "lossless" or not (self.lookup or self.lookup_corpus),
+        require(self.mode == "lossless" or not (self.lookup or self.lookup_corpus),
                f"lookup and lookup_corpus share mode=lossless's draft chain with lookup branches; mode={self.mode!r} "
                f"drafts no chain another branch can join")
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)
