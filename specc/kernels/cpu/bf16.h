@@ -22,4 +22,9 @@ inline uint16_t float_to_bf16(float f) {
     return static_cast<uint16_t>(bits >> 16);
 }
 
+// One float32 or bfloat16 element as a float.
+template <typename T> inline float load(const T* p);
+template <> inline float load<float>(const float* p) { return *p; }
+template <> inline float load<uint16_t>(const uint16_t* p) { return bf16_to_float(*p); }
+
 }  // namespace specc_cpu

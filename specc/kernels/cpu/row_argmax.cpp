@@ -11,11 +11,7 @@
 
 namespace {
 
-using specc_cpu::bf16_to_float;
-
-template <typename T> inline float load(const T* p);
-template <> inline float load<float>(const float* p) { return *p; }
-template <> inline float load<uint16_t>(const uint16_t* p) { return bf16_to_float(*p); }
+using specc_cpu::load;
 
 template <typename T>
 int64_t argmax_scalar(const T* row, int64_t n) {

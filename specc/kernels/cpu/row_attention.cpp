@@ -24,8 +24,8 @@ namespace {
 
 constexpr int kLanes = 16;
 
-using specc_cpu::bf16_to_float;
 using specc_cpu::float_to_bf16;
+using specc_cpu::load;
 
 // exp(x) for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2, |r| <= ln 2 / 2;
 // relative error ~2e-7. Below -87 (where 2^n leaves the normal floats) it is 0.
@@ -46,10 +46,6 @@ inline float exp_nonpositive(float x) {
     std::memcpy(&two_n, &bits, 4);
     return x < -87.f ? 0.f : p * two_n;
 }
-
-template <typename T> inline float load(const T* p);
-template <> inline float load<float>(const float* p) { return *p; }
-template <> inline float load<uint16_t>(const uint16_t* p) { return bf16_to_float(*p); }
 
 template <typename T> inline T store(float v);
 template <> inline float store<float>(float v) { return v; }
