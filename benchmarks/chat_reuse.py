@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from specc.contract.sampling import SamplingConfig
 from specc.data.chat import conversation_ids
 from specc.engine.loaded import load_engine
-from specc.runtime.sampling import SamplingConfig
 from specc.runtime.textgen import generate_text
 
 TURNS = ("Write a short poem about the sea.", "Now make it about mountains instead.",

@@ -110,9 +110,9 @@ def teacher_forced(target, prompt: list[int], reference: list[int]) -> tuple[flo
 
 def teacher_forced_tree(target, drafter, prompt: list[int], reference: list[int]) -> tuple[float, float]:
     """Tree rounds on the dense context; (agreement, mean layers per tree forward)."""
-    from specc.runtime.acceptance import Acceptance
-    from specc.runtime.drafter import DraftBudget
-    from specc.runtime.sampling import SamplingConfig
+    from specc.contract.verification import Acceptance
+    from specc.contract.drafter import DraftBudget
+    from specc.contract.sampling import SamplingConfig
 
     with torch.inference_mode():
         prefill = target.prefill(torch.tensor(prompt), 0)

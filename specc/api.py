@@ -93,6 +93,6 @@ class Engine:
 
 
 def _sampling(temperature: float, top_p: float, seed: int | None):
-    from specc.runtime.sampling import SamplingConfig
+    from specc.contract.sampling import SamplingConfig
 
     return SamplingConfig(temperature=temperature, top_p=top_p, seed=seed)

@@ -9,33 +9,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from specc.console.progress import progress_bar
 
 from specc.capture.export import capture
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
-from specc.host.device import device_kind, move_graph, resolve_device
+from specc.console.progress import StageReporter, progress_bar, ticking
+from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
+from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
+from specc.engine.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import FROZEN_COPIES, attribute
 from specc.graph.signature import read_signature, static_sizes
+from specc.host.device import device_kind, move_graph, resolve_device
+from specc.kernels import kernels_in_graph
+from specc.kernels.cpu.build import compiler
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
-from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
-from specc.runtime.exactness import EXACT_ROWS, is_lossless
-from specc.kernels import kernels_in_graph
 from specc.passes.manager import readable_graph, run_passes
+from specc.passes.pad_attention_rows import PadAttentionRows
+from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
-from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.use_row_attention import UseRowAttention
-from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantization_report
-from specc.kernels.cpu.build import compiler
 from specc.quantize.schemes import BLOCKED, Scheme, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
-from specc.contract.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
-from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
-from specc.console.progress import StageReporter, ticking
+from specc.runtime.exactness import EXACT_ROWS, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")

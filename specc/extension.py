@@ -20,26 +20,25 @@ docs/extending.md explains the contract.
 
 from __future__ import annotations
 
-from specc.errors import SpeccError, UsageError
-from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.contract.config import ConfigVersionError, MethodConfig, OptionBlock, option
-from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
 from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodDescriptor, TrainingContext,
                                        TrainResult)
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.contract.infrastructure import infrastructure_passes
+from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
+from specc.contract.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
 from specc.contract.validation import check_lookup_corpus
+from specc.contract.verification import Acceptance, Verification
 from specc.data.token_corpus import corpus_state, corpus_token_sequences
+from specc.errors import SpeccError, UsageError
+from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.passes.base import GraphPass, PassResult, new_nodes
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.context import MethodContext
 from specc.runtime.corpus_lookup import CorpusDrafter, corpus_branch
 from specc.runtime.draft_follower import DraftFollower
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.runtime.ngram import NgramDrafter
-from specc.runtime.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
-from specc.runtime.verification import Verification
 
 __all__ = [
     "Acceptance", "Backend", "CachedModel", "CalibrationOptions", "Capabilities", "ComposedDrafter", "CompositionOptions",

@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
+from specc.contract.sampling import SamplingConfig
 from specc.runtime.method_report import method_report
-from specc.runtime.sampling import SamplingConfig
 from specc.runtime.stats import GenerationStats
 
 GenerateFn = Callable[[list[int]], "tuple[list[int], GenerationStats | None]"]

@@ -54,7 +54,7 @@ def _stops(args) -> list[str]:
 
 
 def _sampling(args):
-    from specc.runtime.sampling import SamplingConfig
+    from specc.contract.sampling import SamplingConfig
 
     return SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 

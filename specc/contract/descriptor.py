@@ -12,19 +12,17 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from specc.errors import UsageError
 from specc.contract.config import MethodConfig
-from specc.runtime.exactness import is_lossless  # noqa: F401  (re-exported: it lived here before)
+from specc.contract.drafter import MethodRuntime
+from specc.errors import UsageError
 
 if TYPE_CHECKING:
-    from specc.passes.base import GraphPass
     from specc.contract.program import SpeculativeProgram
-    from specc.runtime.context import MethodContext
-    from specc.runtime.drafter import MethodRuntime
+    from specc.passes.base import GraphPass
 
 ENTRY_POINT_GROUP = "specc.methods"
 _BUILTIN = ("specc.methods.none", "specc.methods.draft_model", "specc.methods.swift",
@@ -114,7 +112,9 @@ class MethodDescriptor:
     summary: str
     config_class: type[MethodConfig]
     graphs: Callable[[MethodConfig], dict[str, GraphRecipe]]
-    build_runtime: Callable[["MethodContext", MethodConfig], "MethodRuntime"]
+    # (the engine's graphs as a `specc.runtime.context.MethodContext`, which builds the runtime's
+    # cached models and so lives beside them, config) -> the target and drafter the loop runs.
+    build_runtime: Callable[[Any, MethodConfig], MethodRuntime]
     lossless: bool = True
     # When losslessness depends on the config (a lossy paper mode beside a lossless one): config -> bool.
     lossless_when: Callable[[MethodConfig], bool] | None = None

@@ -58,7 +58,7 @@ class CompositionOptions(OptionBlock):
     """Other drafters sharing the method's draft tree (`specc.runtime.compose`): the n-gram
     continuation of the context (prompt lookup), and that of a corpus of text compiled into the
     engine. A method config inherits this block when its drafter composes (`composable`); the
-    engine then builds the branches around the method's drafter (`specc.contract.composition`)."""
+    engine then builds the branches around the method's drafter (`specc.engine.composition`)."""
 
     lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
                                  "another branch of the same tree")

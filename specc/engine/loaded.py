@@ -11,23 +11,23 @@ from safetensors.torch import load_file
 
 from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
-from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
+from specc.contract.descriptor import check_backend, get_method
+from specc.contract.sampling import SamplingConfig
+from specc.engine.composition import engine_runtime, with_load_time_settings
 from specc.engine.method_config import read_method_config
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
+from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
 from specc.lower.row_padding import exact_calls
-from specc.contract.descriptor import check_backend, get_method
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import GenerationResult, generate, stream
-from specc.contract.composition import engine_runtime, with_load_time_settings
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
-from specc.runtime.sampling import SamplingConfig
 from specc.runtime.warm_up import warm_up
 
 UNLIMITED_TOKENIZER_LENGTH = int(1e30)   # transformers' own 'no limit' (VERY_LARGE_INTEGER)
@@ -166,7 +166,7 @@ def load_engine(path: str | Path, backend: str | None = None, device: str | None
                 settings: list[str] = ()) -> LoadedEngine:
     """The engine at `path`, lowered with `backend` (default: the one it was compiled for) on
     `device` (default `auto`: a CUDA device when present, else the CPU), with the lookup branch
-    `settings` (`key=value`: `contract.composition.LOAD_TIME_FIELDS`) changed from its manifest's."""
+    `settings` (`key=value`: `engine.composition.LOAD_TIME_FIELDS`) changed from its manifest's."""
     path = Path(path)
     manifest = read_verified_manifest(path)
     backend = get_backend(backend or manifest["backend"])

@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from specc.errors import SpeccError, UsageError
-from specc.graph.signature import DYNAMIC_DIMS, GraphSignature, concrete_shape
-from specc.graph.signature import CACHE_ROLE
+from specc.graph.signature import CACHE_ROLE, DYNAMIC_DIMS, GraphSignature, concrete_shape
 from specc.lower.onnx_cache_rows import SLOTS_ROLE, write_rows_into_caches
 
 ROWS_SUFFIX = "_rows"

@@ -32,11 +32,10 @@ import torch
 
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import output_node
-from specc.graph.signature import GraphSignature, concrete_shape
+from specc.graph.signature import CACHE_ROLE, GraphSignature, concrete_shape
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.inductor import compile_dynamic
 from specc.lower.onnx import export_onnx, onnx_file_name
-from specc.graph.signature import CACHE_ROLE
 from specc.lower.onnx_cache_rows import SLOTS_ROLE, write_rows_into_caches
 from specc.lower.onnx_session import ROWS_SUFFIX
 

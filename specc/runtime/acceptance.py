@@ -23,25 +23,17 @@ transfer, the round's one host sync). Elsewhere the host walks, as before;
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
+from specc.contract.tree import TreeTensors
+from specc.contract.verification import Acceptance
 from specc.kernels.dispatch import triton_installed
 from specc.kernels.row_argmax import greedy_tokens
 from specc.runtime.sampling import sample
-from specc.runtime.tree import TreeTensors
 
 log = logging.getLogger("specc")
-
-
-@dataclass
-class Acceptance:
-    path: list[int]        # accepted node indices, root (0) first
-    next_token: int        # the bonus/corrected token after the path
-    # the accepted nodes' tokens (path[1:]), when the acceptor already has them on the host
-    accepted_tokens: list[int] | None = None
 
 
 def accept_greedy(node_tokens: torch.Tensor, target_logits: torch.Tensor, tree: TreeTensors,

@@ -18,12 +18,12 @@ from typing import Callable
 import torch
 
 from specc.capture.families import ArchitectureSummary
+from specc.contract.drafter import Capabilities, Draft
+from specc.contract.verification import Verification
 from specc.errors import SpeccError
 from specc.graph.signature import CACHE_ROLE, LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
-from specc.runtime.drafter import Capabilities, Draft
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, padded_key_count, tree_mask
-from specc.runtime.verification import Verification
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
 SHARED_LOGIT_ROWS = 64   # calls of up to this many rows reuse one logit_rows input per row count

@@ -44,13 +44,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, Drafter, declared_capabilities
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import tree_from_parents
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError, UsageError
-from specc.runtime.acceptance import Acceptance
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, Drafter, declared_capabilities
 from specc.runtime.exact_chain import exact_chain
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import tree_from_parents
-from specc.runtime.verification import Verification
 
 # The acceptance a depth is credited with before it has been tried, and the weight of that
 # guess: one try, so a single early round does not decide a branch's estimate alone.

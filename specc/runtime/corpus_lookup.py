@@ -20,10 +20,10 @@ from collections import Counter, defaultdict
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.data.token_corpus import CORPUS_STATE_KEY
 from specc.errors import UsageError
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 def corpus_branch(state: dict, num_draft_tokens: int = 8) -> CorpusDrafter | None:

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.acceptance import Acceptance
-from specc.runtime.drafter import Draft
-from specc.runtime.verification import Verification
+from specc.contract.drafter import Draft
+from specc.contract.verification import Acceptance, Verification
 
 
 class DraftFollower:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.sampling import SamplingConfig, probabilities
+from specc.contract.sampling import SamplingConfig
+from specc.runtime.sampling import probabilities
 
 DRAFT_VOCABULARY_KEY = "draft_vocabulary"   # method state: the token id of each row of a reduced draft head
 

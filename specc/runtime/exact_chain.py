@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from specc.contract.drafter import Draft
+from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.errors import SpeccError
-from specc.runtime.drafter import Draft
-from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
 
 
 def exact_chain(draft: Draft) -> Draft:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specc.runtime.drafter import Draft, DraftBudget
+    from specc.contract.drafter import Draft, DraftBudget
 
 EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
 
@@ -74,7 +74,7 @@ def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: in
     """What a drafter may propose after `prefix_len` committed tokens with `remaining` tokens
     left to generate: under a cap (`max_rows`, from `exact_rows`), a chain of at most that
     many nodes, root included, whose rows end in the key block the root's row ends in."""
-    from specc.runtime.drafter import DraftBudget
+    from specc.contract.drafter import DraftBudget
     from specc.runtime.masks import rows_in_key_block
 
     room = max_seq_len - prefix_len

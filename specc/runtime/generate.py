@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specc.contract.drafter import Draft, Drafter, Target
+from specc.contract.sampling import SamplingConfig
+from specc.contract.verification import Acceptance
 from specc.errors import UsageError
 from specc.kernels.row_argmax import greedy_tokens
-from specc.runtime.acceptance import Acceptance, accept_greedy, accept_sampled_chain, accept_sampled_tree
+from specc.runtime.acceptance import accept_greedy, accept_sampled_chain, accept_sampled_tree
 from specc.runtime.exactness import draft_budget, verifiable
-from specc.runtime.drafter import Draft, Drafter, Target
-from specc.runtime.sampling import SamplingConfig, probabilities, sample
+from specc.runtime.sampling import probabilities, sample
 from specc.runtime.stats import GenerationStats
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.tree import TreeTensors
+from specc.contract.tree import TreeTensors
 
 
 def causal_chunk_mask(start: int, length: int, device="cpu", keys: int | None = None) -> torch.Tensor:

@@ -15,9 +15,9 @@ from collections import Counter
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.errors import UsageError
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 class NgramDrafter:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.drafter import Draft
+from specc.contract.drafter import Draft
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.runtime.sampling import sample
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 def sampled_chain(root_token: int, probs: torch.Tensor, eos: set[int], generator: torch.Generator | None) -> Draft:

@@ -193,7 +193,7 @@ class SpeccServer:
     # --- generation ----------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], max_tokens: int, params: Params, on_text=None):
-        from specc.runtime.sampling import SamplingConfig
+        from specc.contract.sampling import SamplingConfig
         from specc.runtime.textgen import generate_text
 
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed)

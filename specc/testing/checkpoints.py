@@ -372,7 +372,7 @@ def assert_samples_the_target(model, target, drafter, rounds: list, sampling, ma
     import torch
 
     from specc.runtime.generate import generate
-    from specc.runtime.sampling import SamplingConfig
+    from specc.contract.sampling import SamplingConfig
 
     prompt = [5, 9, 7]
     counts = torch.zeros(2, model.config.vocab_size)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import specc.kernels  # noqa: F401  (registers torch.ops.specc.*)
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.kernels import reference
 from specc.runtime.acceptance import accept_greedy
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 def random_spec(generator: torch.Generator) -> TreeSpec:

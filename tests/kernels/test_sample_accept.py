@@ -11,9 +11,9 @@ import torch
 from scipy.stats import chisquare
 
 import specc.kernels  # noqa: F401  (registers torch.ops.specc.*)
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.kernels import reference
 from specc.runtime.acceptance import accept_sampled_chain, accept_sampled_tree
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 def random_probs(rows: int, vocab: int, generator: torch.Generator, sparsity: float = 0.3) -> torch.Tensor:

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 import specc.kernels  # noqa: F401  (registers torch.ops.specc.*)
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.kernels import reference
 from specc.runtime.masks import causal_chunk_mask, tree_mask
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 CACHE_SLOTS = 48

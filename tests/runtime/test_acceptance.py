@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.runtime.acceptance import accept_greedy, accept_sampled_tree
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import causal_chunk_mask, tree_mask
 from specc.runtime.stats import GenerationStats
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 VOCAB = 10
 
@@ -155,7 +155,7 @@ def test_an_engine_generates_the_same_tokens_through_the_acceptance_ops(checkpoi
     import specc.runtime.acceptance as acceptance
     from specc.compiler import CompileRequest, compile_engine
     from specc.engine.loaded import load_engine
-    from specc.runtime.sampling import SamplingConfig
+    from specc.contract.sampling import SamplingConfig
     from specc.testing.checkpoints import varied_prompts
 
     target, draft = checkpoints("llama")

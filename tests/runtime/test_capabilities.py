@@ -1,5 +1,5 @@
 """Capabilities: what a target or drafter can do beyond its protocol is declared on its class and
-read as declared (`specc.runtime.drafter.Capabilities`), never probed."""
+read as declared (`specc.contract.drafter.Capabilities`), never probed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from specc.contract.drafter import Capabilities, MethodRuntime
 from specc.errors import SpeccError
-from specc.runtime.drafter import Capabilities, MethodRuntime
 from specc.runtime.method_report import method_report
 from specc.runtime.ngram import NgramDrafter
 

@@ -9,16 +9,16 @@ import torch
 from specc.capture.load import load_model
 from specc.compiler import build_program
 from specc.contract.descriptor import get_method
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import tree_from_parents
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError, UsageError
-from specc.runtime.acceptance import Acceptance, accept_greedy
+from specc.runtime.acceptance import accept_greedy
 from specc.runtime.compose import ComposedDrafter, DepthAcceptance, expected_accepted_length
 from specc.runtime.context import MethodContext
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.generate import generate
 from specc.runtime.ngram import NgramDrafter
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import tree_from_parents
-from specc.runtime.verification import Verification
 from specc.testing.checkpoints import TINY_VOCAB, varied_prompts
 
 ROOT = 4

@@ -11,15 +11,15 @@ import pytest
 from specc.capture.load import load_model
 from specc.compiler import build_program
 from specc.contract.descriptor import get_method
+from specc.contract.drafter import DraftBudget
+from specc.contract.sampling import SamplingConfig
 from specc.data.token_corpus import corpus_token_sequences
 from specc.errors import UsageError
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.context import MethodContext
 from specc.runtime.corpus_lookup import CorpusDrafter, most_frequent_followers
-from specc.runtime.drafter import DraftBudget
 from specc.runtime.generate import generate
 from specc.runtime.ngram import NgramDrafter
-from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import varied_prompts
 
 BUDGET = DraftBudget(max_depth=8, max_nodes=32)

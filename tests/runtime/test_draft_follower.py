@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime.acceptance import Acceptance
+from specc.contract.drafter import Draft
+from specc.contract.tree import tree_from_parents
+from specc.contract.verification import Acceptance, Verification
 from specc.runtime.draft_follower import DraftFollower, catch_up_rows
-from specc.runtime.drafter import Draft
-from specc.runtime.tree import tree_from_parents
-from specc.runtime.verification import Verification
 
 FEATURE = "feature"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specc.contract.drafter import Draft
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.errors import SpeccError
-from specc.runtime.drafter import Draft
 from specc.runtime.exact_chain import exact_chain
 from specc.runtime.masks import KEY_BLOCK, rows_in_key_block
-from specc.runtime.tree import TreeSpec, tree_tensors
 
 
 def test_rows_must_end_in_the_key_block_their_first_row_ends_in():

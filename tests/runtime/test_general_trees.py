@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specc.contract.drafter import Draft
+from specc.contract.tree import TreeSpec, tree_from_parents, tree_tensors
 from specc.runtime.acceptance import accept_greedy, accept_sampled_tree
-from specc.runtime.drafter import Draft
 from specc.runtime.exact_chain import exact_chain
-from specc.runtime.tree import TreeSpec, tree_from_parents, tree_tensors
 from specc.testing.checkpoints import assert_distribution
 
 # root 0 -> 1, 2; 1 -> 3; 2 -> 4, 5; 4 -> 6: no caterpillar (node 2, not the first child, has children)

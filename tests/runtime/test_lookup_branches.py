@@ -1,4 +1,4 @@
-"""Composition as an engine option (`specc.contract.composition`): every method whose config
+"""Composition as an engine option (`specc.engine.composition`): every method whose config
 inherits `CompositionOptions` compiles with the n-gram branch in its tree, and the engine stays
 token-identical to Hugging Face greedy while both branches draft accepted tokens."""
 
@@ -8,11 +8,11 @@ import pytest
 
 from specc.compiler import CompileRequest, compile_engine
 from specc.contract.descriptor import get_method
+from specc.contract.sampling import SamplingConfig
+from specc.engine.composition import engine_runtime
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
 from specc.runtime.generate import generate
-from specc.contract.composition import engine_runtime
-from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
 
 MAX_SEQ_LEN = 96

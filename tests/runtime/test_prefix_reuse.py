@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from specc.compiler import CompileRequest, compile_engine
+from specc.contract.drafter import Capabilities
 from specc.engine.loaded import load_engine
 from specc.runtime.compose import ComposedDrafter
 from specc.runtime.ngram import NgramDrafter
-from specc.runtime.drafter import Capabilities
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.testing.checkpoints import assert_turns_reusing_match_hf_greedy, reusing_turns
 

@@ -17,9 +17,10 @@ from transformers import AutoModelForCausalLM
 
 import specc.runtime.generate as generate_module
 from specc.compiler import CompileRequest, compile_engine
+from specc.contract.sampling import SamplingConfig
+from specc.contract.verification import Acceptance
 from specc.engine.loaded import load_engine
-from specc.runtime.acceptance import Acceptance
-from specc.runtime.sampling import SamplingConfig, probabilities
+from specc.runtime.sampling import probabilities
 from specc.testing.checkpoints import build_tiny_checkpoint
 
 VOCAB = 8

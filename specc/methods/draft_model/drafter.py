@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.methods.draft_model.config import DraftModelConfig
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
-from specc.runtime.sampling import SamplingConfig, sample
-from specc.runtime.tree import TreeSpec, tree_tensors
-from specc.runtime.verification import Verification
+from specc.runtime.sampling import sample
 
 
 class DraftModelDrafter:

@@ -17,7 +17,7 @@ The plain target verifies, so the method is lossless wherever the target graph i
 exact (chains only under bfloat16's exact-rows budget). `lookup=true` adds the
 n-gram continuation of the context as a second branch of the same tree, and
 `lookup_corpus` the continuations of text the target wrote elsewhere as another,
-as for every method whose drafter composes (`specc.contract.composition`).
+as for every method whose drafter composes (`specc.engine.composition`).
 """
 
 from __future__ import annotations

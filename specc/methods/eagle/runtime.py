@@ -25,7 +25,7 @@ stays exact through the loop's point-mass acceptance.
 What the head has seen and the target's features it reads are a `DraftFollower`'s, which
 reads each round from the draft it is shown, so the drafter composes with other drafters
 in one tree (`specc.runtime.compose`; `lookup=true` and `lookup_corpus`:
-`specc.contract.composition`).
+`specc.engine.composition`).
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import tree_from_parents
 from specc.methods.eagle.attach_eagle_head import HIDDEN_OUTPUT
 from specc.methods.eagle.config import EagleConfig
 from specc.methods.eagle.expose_fused_features import FEATURE_OUTPUT
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower, catch_up_rows
 from specc.runtime.draft_logits import draft_distribution, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import tree_from_parents
 
 
 @dataclass

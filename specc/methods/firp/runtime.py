@@ -27,14 +27,14 @@ from functools import lru_cache
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.methods.firp.config import FIRPConfig
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
-from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.runtime.tree import TreeSpec, TreeTensors, tree_tensors
-from specc.runtime.verification import Verification
+from specc.runtime.sampling import probabilities
 
 PSEUDO_LOGITS = "pseudo_logits"   # [anchors, k, vocab]: logits of each anchor's pseudo rows (Verification.extras)
 PSEUDO_NODES = "pseudo_nodes"     # [anchors]: the row (tree node) of each anchor

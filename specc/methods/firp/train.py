@@ -34,14 +34,13 @@ import torch.fx as fx
 from tqdm import tqdm
 
 from specc.console.progress import progress_bar
-from specc.graph.signature import read_signature
+from specc.graph.signature import CACHE_ROLE, read_signature
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, TrainResult
 from specc.passes.expose_layer_exit import EXIT_ROLE, ExposeLayerExit, LayerExitConfig
 from specc.methods.firp import target_passes
 from specc.passes.expose_layer_inputs import ExposeLayerInputs, LayerInputsConfig
 from specc.methods.firp.insert_pseudo_hidden_projections import PSEUDO_SOURCE_ROLE, PSEUDO_STEP_ROLE
 from specc.contract.program import SpeculativeProgram
-from specc.graph.signature import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, SparseTarget, distill, sparse_target
 from specc.train.heap import releasing

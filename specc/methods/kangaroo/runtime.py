@@ -19,7 +19,7 @@ each verification) and an adapter KV cache of its own, both followed by a
 `DraftFollower`. Positions the adapter has not seen yet (the prompt, and after
 full acceptance the last drafted token or an accepted sibling) are fed to it
 from their stored exits at the start of the next round, in the same adapter
-call as the root. With lookup branches (`specc.contract.composition`) the
+call as the root. With lookup branches (`specc.engine.composition`) the
 drafter is the primary of a composed draft, whose merged tree keeps its nodes'
 indices and so its exit states; a draft of another branch's brings none, and
 verification runs the shallow layers on all its rows.
@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.methods.kangaroo.config import KangarooConfig
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import draft_distribution, full_vocabulary, token_ids, vocabulary_from_state
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.runtime.masks import causal_chunk_mask
-from specc.runtime.sampling import SamplingConfig, sample
-from specc.runtime.tree import TreeSpec, tree_tensors
-from specc.runtime.verification import Verification
+from specc.runtime.sampling import sample
 
 EXITS = "exit_hidden"          # exit states of the rows run, [q, hidden] (draft and verification extras)
 EXIT_NODES = "exit_nodes"      # which tree nodes the draft's exit states belong to

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from specc.contract.config import MethodConfig
 from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor
+from specc.contract.drafter import MethodRuntime
 from specc.contract.infrastructure import infrastructure_passes
-from specc.runtime.drafter import MethodRuntime
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,13 @@ acceptance, so both are lossless.
 from __future__ import annotations
 
 from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.drafter import MethodRuntime
 from specc.contract.infrastructure import infrastructure_passes
+from specc.methods.s3d.attach_draft_lora import AttachDraftLora
 from specc.methods.s3d.config import S3DConfig
 from specc.methods.s3d.drafter import MaskTokenDrafter
-from specc.methods.s3d.attach_draft_lora import AttachDraftLora
 from specc.methods.s3d.insert_mask_tokens import InsertMaskTokens
 from specc.methods.s3d.skip_middle_layers import SkipMiddleLayers
-from specc.runtime.drafter import MethodRuntime
 
 __all__ = ["METHOD", "S3DConfig", "MaskTokenDrafter"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.sampling import SamplingConfig
+from specc.contract.verification import Acceptance, Verification
 from specc.methods.s3d.config import S3DConfig
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
-from specc.runtime.sampling import SamplingConfig, probabilities
-from specc.runtime.verification import Verification
+from specc.runtime.sampling import probabilities
 
 
 class MaskTokenDrafter:

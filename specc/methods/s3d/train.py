@@ -31,12 +31,11 @@ from tqdm import tqdm
 
 from specc.contract.descriptor import COMPILE_TIME_PREDICTION, TrainingContext, TrainResult
 from specc.graph.nodes import placeholder
-from specc.graph.signature import read_signature
+from specc.graph.signature import CACHE_ROLE, read_signature
 from specc.methods.s3d.attach_draft_lora import DraftLoraConfig
 from specc.methods.s3d.insert_mask_tokens import MaskTokensConfig
 from specc.methods.s3d.skip_middle_layers import decoder_layers
 from specc.methods.s3d.select import select_by_eq12
-from specc.graph.signature import CACHE_ROLE
 from specc.train.corpus import token_windows
 from specc.train.distill import DistillConfig, PackedTeacher, SparseTarget, cache_teacher, distill, sparse_target
 from specc.train.inputs import empty_caches

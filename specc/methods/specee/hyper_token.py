@@ -37,16 +37,15 @@ from dataclasses import dataclass
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import UsageError
 from specc.methods.specee.early_exit import FEATURE, DraftHead, EarlyExit, FollowsAcceptedTokens
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import apply_sliding_window, tree_mask
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import TreeSpec
-from specc.runtime.verification import Verification
 
 CANDIDATES = "exit_candidates"    # Draft.extras: each node's draft-head top-K ids [n, K]
 EXIT_LAYER = "exit_layer"         # Verification.extras: the layer each node's logits were read at [n]

@@ -26,17 +26,17 @@ from specc.errors import SpeccError, UsageError
 from specc.methods.specee.config import SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.early_exit import (FEATURE, DraftHead, EarlyExit, ExitSchedule, FollowsAcceptedTokens,
                                             head_follower, previous_features)
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
 from specc.methods.specee.layerwise import LayerwiseForward
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.context import MethodContext
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.draft_logits import vocabulary_from_state
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
-from specc.runtime.sampling import SamplingConfig, probabilities, sample
-from specc.runtime.tree import TreeSpec, tree_tensors
-from specc.runtime.verification import Verification
+from specc.runtime.sampling import probabilities, sample
 from specc.runtime.warm_up import untaken_size
 
 EXACT_LOGITS, EXACT_FEATURES = "exact_logits", "exact_features"   # Draft.extras of the leading exact nodes

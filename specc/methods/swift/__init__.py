@@ -38,18 +38,18 @@ fly. Here:
 
 from __future__ import annotations
 
-from specc.lower.backend import RUN_TIME_SEGMENTS
 from specc.contract.descriptor import TARGET, GraphRecipe, MethodDescriptor, TrainResult
+from specc.contract.drafter import MethodRuntime
 from specc.contract.infrastructure import infrastructure_passes
+from specc.lower.backend import RUN_TIME_SEGMENTS
 from specc.methods.swift.config import SKIP_SET_KEY, SwiftConfig
 from specc.methods.swift.drafter import CompiledSkipSet, SwiftDrafter, build_drafter
+from specc.methods.swift.insert_skip_branches import InsertSkipBranches, skip_branches
 from specc.methods.swift.search import describe_skip_set, odd_layers
 from specc.methods.swift.segments import SkippingForward
-from specc.methods.swift.insert_skip_branches import InsertSkipBranches, skip_branches
-from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.methods.swift.skip_sublayers import SkipSublayers, SkipSublayersConfig
+from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY, vocabulary_from_state
-from specc.runtime.drafter import MethodRuntime
 from specc.train.reduce_draft_head import reduce_draft_head
 
 DRAFT_GRAPH = "draft"

@@ -26,15 +26,15 @@ import torch
 from tqdm import tqdm
 
 from specc.console.progress import progress_bar
+from specc.contract.program import ProgramGraph
+from specc.contract.sampling import SamplingConfig
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes
 from specc.graph.signature import read_signature
 from specc.methods.swift.search import LayerSetSearch, describe_skip_set
 from specc.methods.swift.segments import SkippingForward
-from specc.contract.program import ProgramGraph
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig
 
 log = logging.getLogger("specc")
 

@@ -7,18 +7,17 @@ from typing import Callable
 
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import UsageError
 from specc.methods.swift.config import SwiftConfig
 from specc.methods.swift.search import LayerSetSearch
 from specc.methods.swift.segments import SkippingForward
-from specc.runtime.acceptance import Acceptance
 from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_logits import token_ids
-from specc.runtime.drafter import Capabilities, Draft, DraftBudget
 from specc.runtime.masks import causal_chunk_mask
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import TreeSpec, tree_tensors
-from specc.runtime.verification import Verification
 from specc.runtime.warm_up import untaken_size
 
 

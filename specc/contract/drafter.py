@@ -7,11 +7,10 @@ from typing import Protocol
 
 import torch
 
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeTensors
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError
-from specc.runtime.acceptance import Acceptance
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import TreeTensors
-from specc.runtime.verification import Verification
 
 
 @dataclass
@@ -116,7 +115,7 @@ class MethodRuntime:
         for role, part in (("target", self.target), ("drafter", self.drafter)):
             if part is not None and not isinstance(declared_capabilities(part), Capabilities):
                 raise SpeccError(f"the {role} {type(part).__name__} declares no capabilities: give its class "
-                                 f"`capabilities = Capabilities(...)` (specc.runtime.drafter; "
+                                 f"`capabilities = Capabilities(...)` (specc.contract.drafter; "
                                  f"`Capabilities()` claims none)")
 
 

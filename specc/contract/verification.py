@@ -1,14 +1,20 @@
-"""What one target forward returns to the loop and to the drafter."""
+"""What one target forward returns to the loop and to the drafter, and what the loop accepted of it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from specc.runtime.acceptance import Acceptance
+
+@dataclass
+class Acceptance:
+    """The drafted nodes the target accepted (`specc.runtime.acceptance` decides), and the token after them."""
+
+    path: list[int]        # accepted node indices, root (0) first
+    next_token: int        # the bonus/corrected token after the path
+    # the accepted nodes' tokens (path[1:]), when the acceptor already has them on the host
+    accepted_tokens: list[int] | None = None
 
 
 @dataclass

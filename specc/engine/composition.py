@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specc.contract.config import MethodConfig, parse_assignments
+from specc.contract.drafter import MethodRuntime
 from specc.contract.options import CompositionOptions
 from specc.errors import UsageError
-from specc.runtime.drafter import MethodRuntime
 
 
 def lookup_branches(config: MethodConfig, state: dict) -> dict:
