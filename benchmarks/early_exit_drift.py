@@ -94,18 +94,19 @@ def measure(engine_dir: Path, prompts: str, num_prompts: int, max_new_tokens: in
 def repairing(target, step, dense_feature: bool, dense_kv: bool):
     """`target.prefill`, followed after each early exit by the chosen repairs."""
     from specc.methods.specee.early_exit import FEATURE
+    from specc.methods.specee.runtime import EXIT_LAYER
 
     last_layer = target.early.layerwise.num_layers - 1
 
     def prefill(tokens: torch.Tensor, start: int):
         verification = step(tokens, start)
         single = start > 0 and tokens.numel() == 1
-        if not (dense_feature or dense_kv) or not single or int(verification.extras["exit_layer"][0]) >= last_layer:
+        if not (dense_feature or dense_kv) or not single or int(verification.outputs[EXIT_LAYER][0]) >= last_layer:
             return verification
         exit_feature = target.feature
         written = [cache[:, :, start].clone() for cache in target.full.cache.tensors]
         full = target.full.prefill(tokens, start)   # writes the dense K/V of every layer at `start`
-        target.feature = full.extras[FEATURE][-1] if dense_feature else exit_feature
+        target.feature = full.outputs[FEATURE][-1] if dense_feature else exit_feature
         if dense_kv:
             target.early.written_by_full_model(full.slots)
         else:

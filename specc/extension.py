@@ -7,8 +7,9 @@ config (`MethodConfig` with `option` fields and a `VERSION`, inheriting the shar
 blocks `DistillationOptions`, `OptimizerOptions` and `CalibrationOptions` where it trains
 or calibrates, and `CompositionOptions` where its drafter composes with the lookup branches), per-graph recipes (`GraphRecipe`: a source checkpoint and passes, starting
 from `infrastructure_passes()`), and `build_runtime`, which turns a `MethodContext` into a
-`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`; one running
-a model of its own keeps its progress in a `DraftFollower`); drafters
+`MethodRuntime` (a target and a drafter proposing `Draft`s within a `DraftBudget`, which may carry
+a `SideChannel` record to the method's own verifier; one running a model of its own keeps its
+progress in a `DraftFollower`); drafters
 that keep the composition contract share one tree through `ComposedDrafter`, among them the
 n-gram drafters `NgramDrafter` (the context) and `CorpusDrafter` (a corpus a method's `prepare`
 keeps with `corpus_state`, checked by `check_lookup_corpus`, read back by `corpus_branch`). A pass
@@ -26,6 +27,7 @@ from specc.contract.descriptor import (TARGET, ExtraSource, GraphRecipe, MethodD
 from specc.contract.drafter import Capabilities, Draft, DraftBudget, Drafter, MethodRuntime, Target
 from specc.contract.infrastructure import infrastructure_passes
 from specc.contract.options import CalibrationOptions, CompositionOptions, DistillationOptions, OptimizerOptions
+from specc.contract.side_channel import SideChannel, carried
 from specc.contract.tree import TreeSpec, TreeTensors, tree_from_parents, tree_tensors
 from specc.contract.validation import check_lookup_corpus
 from specc.contract.verification import Acceptance, Verification
@@ -45,9 +47,9 @@ __all__ = [
     "ConfigVersionError", "CorpusDrafter", "DistillationOptions",
     "Draft", "DraftFollower", "DraftBudget", "Drafter", "EXTRA_INPUTS", "EXTRA_OUTPUTS", "ExtraSource", "GraphPass", "GraphRecipe",
     "LoweringTarget", "MethodConfig", "MethodContext", "MethodDescriptor", "MethodRuntime", "NgramDrafter",
-    "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SpeccError", "TARGET", "Target",
+    "OptimizerOptions", "OptionBlock", "PassResult", "RUN_TIME_SEGMENTS", "SideChannel", "SpeccError", "TARGET", "Target",
     "TrainingContext", "TrainResult", "TreeSpec", "TreeTensors", "UsageError", "Verification",
-    "check_lookup_corpus", "corpus_branch", "corpus_state", "corpus_token_sequences", "infrastructure_passes",
+    "carried", "check_lookup_corpus", "corpus_branch", "corpus_state", "corpus_token_sequences", "infrastructure_passes",
     "new_nodes", "option",
     "tree_from_parents", "tree_tensors",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from specc.contract.sampling import SamplingConfig
+from specc.contract.side_channel import SideChannel
 from specc.contract.tree import TreeTensors
 from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError
@@ -18,9 +19,9 @@ class Draft:
     tree: TreeTensors
     node_tokens: torch.Tensor            # [n]: the root's token, then each node's
     draft_probs: torch.Tensor | None = None  # [depth, vocab] q per depth, for a sampled chain
-    # Named tensors the method's own verifier reads (e.g. states the drafter already
-    # computed for some nodes); the plain target ignores them.
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    # What the method's own verifier reads beside the tree (e.g. states the drafter already
+    # computed for some nodes); the plain target ignores it.
+    carries: SideChannel | None = None
     # [n]: the drafter's estimate that each node is accepted given its parent is (root 1.0), where
     # it has one; what a composed drafter ranks its branches' chains by (`ComposedDrafter`).
     node_scores: torch.Tensor | None = None

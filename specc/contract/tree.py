@@ -57,6 +57,7 @@ class TreeTensors:
     level_nodes: tuple[tuple[int, ...], ...]  # node indices at depth 1..D
     chain_nodes: tuple[int, ...]   # the first-child path below the root (a caterpillar's top-1 chain)
     child_nodes: tuple[tuple[int, ...], ...]  # each node's children, in node order
+    paths: tuple[tuple[int, ...], ...]  # root-to-leaf node indices, one per leaf, leaves in node order
 
     def children(self, node: int) -> tuple[int, ...]:
         """Children of `node`, in node order (the order the acceptance walks try them)."""
@@ -99,7 +100,7 @@ def tree_from_parents(parents: tuple[int, ...]) -> TreeTensors:
     return TreeTensors(
         spec=TreeSpec(tuple(map(len, levels))), depth=torch.tensor(depth), parent=tuple(parents),
         ancestor_mask=mask, level_nodes=levels, chain_nodes=_first_child_path(children),
-        child_nodes=tuple(map(tuple, children)),
+        child_nodes=tuple(map(tuple, children)), paths=_leaf_paths(parents, children),
     )
 
 
@@ -113,6 +114,17 @@ def check_parents(parents: tuple[int, ...]) -> None:
             raise ValueError(f"node {node} has parent {parent!r}; every parent must be an earlier node "
                              f"(0 <= parent < {node}): number the nodes so that parents precede children, "
                              f"e.g. breadth-first")
+
+
+def _leaf_paths(parents: tuple[int, ...], children: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    paths = []
+    for leaf in (node for node in range(len(parents)) if not children[node]):
+        path, node = [], leaf
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        paths.append(tuple(reversed(path)))
+    return tuple(paths)
 
 
 def _first_child_path(children: list[list[int]]) -> tuple[int, ...]:

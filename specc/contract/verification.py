@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specc.contract.side_channel import SideChannel
+
 
 @dataclass
 class Acceptance:
@@ -20,13 +22,16 @@ class Acceptance:
 @dataclass
 class Verification:
     """Logits `[q, vocab]` of the rows just run (None for a graph without a
-    head), and the graph's other declared outputs by name, each with the batch
-    dimension dropped (a layer's hidden states `[q, hidden]`, logits of extra
-    positions, ...)."""
+    head), and the target's other outputs by name, a row each, with the batch
+    dimension dropped (a layer's hidden states `[q, hidden]`: what a drafter
+    following the target reads by name, `specc.runtime.draft_follower`)."""
 
     logits: torch.Tensor | None
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     slots: torch.Tensor | None = None    # the cache slot of each row
     # A verifier whose rows are not read from one set of logits (a lossy tree verifier exiting
     # each path at its own layer) decides acceptance itself; the loop then uses this.
     acceptance: Acceptance | None = None
+    # What the method's own drafter reads beside the rows (e.g. logits of rows that are not
+    # the tree's); nothing else does.
+    carries: SideChannel | None = None

@@ -8,7 +8,7 @@ to compute (role `logit_rows`, `specc.passes.select_logit_rows`), which
 this class fills in: every row, or in a prefill the last. Its output with
 role `logits` ([1, q, vocab], or [1, r, vocab] for the rows asked) becomes
 `Verification.logits`; every other output is returned by name in
-`Verification.extras`.
+`Verification.outputs`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ class CachedModel:
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
             mask: torch.Tensor, *extra_inputs: torch.Tensor, last_logits_only: bool = False) -> Verification:
         """Logits `[q, vocab]` (`[1, vocab]`, the last row's, with `last_logits_only`) and
-        named extras for `tokens` written at cache `slots`."""
+        the other named outputs for `tokens` written at cache `slots`."""
         outputs = self.run_all(tokens, positions, slots, mask, *extra_inputs, last_logits_only=last_logits_only)
-        extras = {spec.name: out[0] for i, (spec, out) in enumerate(zip(self.signature.outputs, outputs))
-                  if i != self._logits_index}
+        named = {spec.name: out[0] for i, (spec, out) in enumerate(zip(self.signature.outputs, outputs))
+                 if i != self._logits_index}
         logits = None if self._logits_index is None else outputs[self._logits_index][0]
-        return Verification(logits, extras, slots)
+        return Verification(logits, named, slots)
 
     def run_all(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, *extra_inputs: torch.Tensor, last_logits_only: bool = False) -> tuple:

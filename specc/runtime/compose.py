@@ -8,8 +8,8 @@ any branch offered (greedy), and a lookup drafter's long copied spans ride
 along with a model drafter's guesses at no extra target call. The primary
 branch (the first) keeps its whole draft and node order; the others' new
 nodes follow by depth, as many as `DraftBudget.max_nodes` leaves room for.
-So the primary's `Draft.extras` (tensors its method's own target reads, indexed
-by its nodes) still name the same nodes, and the verified draft keeps them
+So the primary's side channel (`Draft.carries`: what its method's own target reads,
+indexed by its nodes) still names the same nodes, and the verified draft keeps them
 whenever the primary's nodes are in it; the other branches draft tokens alone.
 
 Two kinds of draft are not merged:
@@ -35,7 +35,7 @@ branch proposed. A branch that learns from rounds reads them from the draft
 it is shown: the accepted tokens are `draft.node_tokens[acceptance.path]`,
 and verification rows are indexed by that draft's nodes, never by indices
 into its own proposal (`specc.runtime.draft_follower` keeps such state for
-model-backed drafters). Only the primary's drafts may carry `Draft.extras`.
+model-backed drafters). Only the primary's drafts may carry a side channel.
 """
 
 from __future__ import annotations
@@ -190,10 +190,10 @@ class ComposedDrafter:
             draft = self.branches[name].propose(tokens, budget, sampling, generator)
             if draft is None:
                 continue
-            if draft.extras and name != self.primary:
+            if draft.carries is not None and name != self.primary:
                 raise SpeccError(
-                    f"branch {name!r} drafted a tree carrying method tensors (Draft.extras: "
-                    f"{', '.join(draft.extras)}), which only the primary branch ({self.primary!r}) may: "
+                    f"branch {name!r} drafted a tree carrying a side channel (Draft.carries: "
+                    f"{type(draft.carries).__name__}), which only the primary branch ({self.primary!r}) may: "
                     f"its nodes keep their indices in a merged draft, another branch's do not")
             drafts[name] = draft
             self.counts[name].rounds_drafted += 1
@@ -259,7 +259,7 @@ class ComposedDrafter:
 def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     """The trie of `drafts` under their shared root: the first draft's nodes in its order, then
     the others' new nodes by depth (parents still come first), at most `max_nodes` in all. It
-    keeps the first draft's `extras`, whose nodes keep their indices (`max_nodes` is the budget
+    keeps the first draft's side channel, whose nodes keep their indices (`max_nodes` is the budget
     that draft was proposed within), and carries no `node_scores`: the branches' estimates are
     not of one scale."""
     root = int(drafts[0].node_tokens[0])
@@ -286,7 +286,7 @@ def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     parents = tuple(-1 if node == 0 else index[parent[node]] for node in kept)
     return Draft(tree=tree_from_parents(parents),
                  node_tokens=torch.tensor([tokens[node] for node in kept], device=drafts[0].node_tokens.device),
-                 extras=dict(drafts[0].extras))
+                 carries=drafts[0].carries)
 
 
 def first_child_path(parent: tuple[int, ...]) -> list[int]:

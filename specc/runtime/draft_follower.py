@@ -55,7 +55,7 @@ class DraftFollower:
         self.valid = min(self.valid, start)
         self._round_base, self._fed = None, []
         if self.features is not None:
-            self.features[start + 1: prompt.numel() + 1] = prefill.extras[self.feature]
+            self.features[start + 1: prompt.numel() + 1] = prefill.outputs[self.feature]
 
     def caught_up(self, root: int) -> None:
         """The draft model has now seen every position up to the root."""
@@ -96,7 +96,7 @@ class DraftFollower:
         self.valid = base + matched
 
     def _keep_features(self, draft, acceptance, verification: Verification) -> None:
-        rows = verification.extras[self.feature]
+        rows = verification.outputs[self.feature]
         if draft is None:
             self.features[verification.slots + 1] = rows
             return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specc.contract.drafter import Draft
-from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.errors import SpeccError
 
 
@@ -21,11 +21,12 @@ def exact_chain(draft: Draft) -> Draft:
     tree = draft.tree
     # One node per depth is a chain in any tree: each node's parent is the one node above it,
     # which comes before it, so node i sits at depth i, in the slot after its parent.
-    if not isinstance(tree, TreeTensors) or all(width == 1 for width in tree.spec.widths):
-        return draft    # a chain already, or a method's own tree type verified by its own target
-    if draft.extras:
-        raise SpeccError("the drafter proposed a tree carrying method tensors (Draft.extras) although the "
-                         "budget asked for a chain (DraftBudget.chain_only); it must draft one node per depth")
+    if all(width == 1 for width in tree.spec.widths):
+        return draft
+    if draft.carries is not None:
+        raise SpeccError(f"the drafter proposed a tree carrying a side channel ({type(draft.carries).__name__}) "
+                         f"although the budget asked for a chain (DraftBudget.chain_only); it must draft one "
+                         f"node per depth")
     nodes = [0, *tree.chain_nodes]
     scores = None if draft.node_scores is None else draft.node_scores[nodes]
     return Draft(tree=tree_tensors(TreeSpec.chain(len(nodes) - 1)), node_tokens=draft.node_tokens[nodes],

@@ -42,6 +42,11 @@ METHODS = tuple(METHOD_SETTINGS)   # every registered lossless method, `none` fi
 # The methods whose drafter composes with the lookup branches (`CompositionOptions`).
 COMPOSABLE = ("draft-model", "kangaroo", "eagle", "specee")
 TRAINED = ("kangaroo", "firp", "s3d", "specee", "eagle")   # take calibration text the target samples
+# Other settings of a method the matrix also runs (`Cell.variant`): method -> variant -> settings,
+# applied over METHOD_SETTINGS.
+VARIANTS: dict[str, dict[str, list[str]]] = {
+    "draft-model": {"chain": ["num_draft_tokens=4", "tree_width=1"]},
+}
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,12 @@ class Cell:
     dtype: str = "float32"
     quantize: str | None = None   # weight-only quantization (`specc compile --quantize`)
     lookup: bool = False          # with the n-gram branch in the method's tree (`--set lookup=true`)
+    variant: str = ""             # other settings of the method (VARIANTS), or its METHOD_SETTINGS
 
     @property
     def label(self) -> str:
-        method = f"{self.method}+lookup" if self.lookup else self.method
+        method = f"{self.method}:{self.variant}" if self.variant else self.method
+        method = f"{method}+lookup" if self.lookup else method
         return f"{method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
 
 
@@ -67,6 +74,8 @@ class CellResult:
     seconds: float = 0.0
     drafted: int = 0             # draft tokens the engine proposed over all prompts
     accepted: int = 0            # of which the target accepted
+    forward_passes: int = 0      # target forward passes over all prompts (the prefills included)
+    new_tokens: int = 0          # tokens generated over all prompts
 
     @property
     def passed(self) -> bool:
@@ -117,7 +126,7 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
     from specc.engine.loaded import load_engine
 
     target, draft, calib = checkpoints(cell.family)
-    settings = list(METHOD_SETTINGS[cell.method])
+    settings = list(METHOD_SETTINGS[cell.method]) + (VARIANTS[cell.method][cell.variant] if cell.variant else [])
     if cell.method == "draft-model":
         settings.append(f"draft_model={draft}")
     if cell.method in TRAINED:
@@ -177,8 +186,9 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
     `engines`, when given, keeps the loaded engine by cell (see `cell_engine`)."""
     start = time.perf_counter()
 
-    def result(status: str, detail: str = "", drafted: int = 0, accepted: int = 0) -> CellResult:
-        return CellResult(cell, status, detail, time.perf_counter() - start, drafted, accepted)
+    def result(status: str, detail: str = "", drafted: int = 0, accepted: int = 0, passes: int = 0,
+               new: int = 0) -> CellResult:
+        return CellResult(cell, status, detail, time.perf_counter() - start, drafted, accepted, passes, new)
 
     try:
         want = reference(cell, checkpoints, workdir, cache)
@@ -191,7 +201,9 @@ def run_cell(cell: Cell, checkpoints: QuirkyCheckpoints, workdir: Path, cache: d
     difference = first_difference([g.token_ids for g in generated], want)
     drafted = sum(g.stats.drafted_tokens for g in generated)
     accepted = sum(g.stats.accepted_tokens for g in generated)
+    passes = sum(g.stats.target_forward_passes for g in generated)
+    new = sum(g.stats.new_tokens for g in generated)
     if not engine.manifest["lossless"]:   # the compiler said so (and why) at compile time
         difference = f"differs at {difference}" if difference else "identical anyway"
-        return result("lossy", difference, drafted, accepted)
-    return result("differs" if difference else "identical", difference, drafted, accepted)
+        return result("lossy", difference, drafted, accepted, passes, new)
+    return result("differs" if difference else "identical", difference, drafted, accepted, passes, new)

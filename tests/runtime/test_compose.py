@@ -3,6 +3,8 @@ chains are verified, credits each branch with its accepted tokens, and stays los
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from specc.compiler import build_program
 from specc.contract.descriptor import get_method
 from specc.contract.drafter import Capabilities, Draft, DraftBudget
 from specc.contract.sampling import SamplingConfig
+from specc.contract.side_channel import SideChannel, carried
 from specc.contract.tree import tree_from_parents
 from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError, UsageError
@@ -28,14 +31,19 @@ GREEDY = SamplingConfig()
 VOCAB = 16
 
 
+@dataclass(frozen=True)
+class States(SideChannel):
+    values: torch.Tensor
+
+
 class FixedDrafter:
     """Drafts the same tree after any tokens; records what it is shown."""
 
     capabilities = Capabilities(composable=True)
 
-    def __init__(self, parents=None, tokens=(), scores=None, extras=None, draft_probs=None):
+    def __init__(self, parents=None, tokens=(), scores=None, carries=None, draft_probs=None):
         self.parents, self.tokens, self.scores = parents, list(tokens), scores
-        self.extras, self.draft_probs = extras or {}, draft_probs
+        self.carries, self.draft_probs = carries, draft_probs
         self.seen: list[tuple] = []
 
     def begin(self, prompt, prefill) -> None:
@@ -46,7 +54,7 @@ class FixedDrafter:
             return None
         scores = None if self.scores is None else torch.tensor([1.0, *self.scores])
         return Draft(tree=tree_from_parents(tuple(self.parents)), node_tokens=torch.tensor([tokens[-1], *self.tokens]),
-                     draft_probs=self.draft_probs, extras=self.extras, node_scores=scores)
+                     draft_probs=self.draft_probs, carries=self.carries, node_scores=scores)
 
     def observe(self, draft, acceptance, verification) -> None:
         self.seen.append((draft, acceptance, verification))
@@ -77,7 +85,7 @@ def test_drafts_merge_as_a_trie_sharing_the_paths_both_drafted():
     assert draft.node_tokens.tolist() == [ROOT, 5, 6, 7, 8, 9]
     assert draft.tree.parent == (-1, 0, 1, 2, 0, 2), "the primary's nodes first, then the others' by depth"
     assert draft.tree.chain_nodes == (1, 2, 3), "the first-ranked path is still the primary's chain"
-    assert draft.node_scores is None and draft.extras == {}
+    assert draft.node_scores is None and draft.carries is None
 
 
 def test_new_nodes_of_later_branches_follow_by_depth_then_branch_order():
@@ -162,22 +170,22 @@ def test_a_branch_that_does_not_declare_itself_composable_is_refused():
         ComposedDrafter({})
 
 
-def test_a_draft_with_method_tensors_is_refused_from_any_branch_but_the_primary():
-    states = FixedDrafter((-1, 0), (5,), extras={"states": torch.zeros(2)})
-    with pytest.raises(SpeccError, match="'states'.*Draft.extras.*primary"):
+def test_a_draft_with_a_side_channel_is_refused_from_any_branch_but_the_primary():
+    states = FixedDrafter((-1, 0), (5,), carries=States(torch.zeros(2)))
+    with pytest.raises(SpeccError, match="'states'.*Draft.carries: States.*primary"):
         propose(ComposedDrafter({"lookup": chain(6), "states": states}))
 
 
-def test_the_primarys_method_tensors_stay_with_its_nodes_in_the_merged_tree():
+def test_the_primarys_side_channel_stays_with_its_nodes_in_the_merged_tree():
     """The primary's nodes keep their indices in the merge, so tensors indexed by them still
     name the same nodes; a chain of another branch's, verified alone, carries none."""
     states = torch.arange(3.0)
-    primary = FixedDrafter((-1, 0), (5,), extras={"states": states})
+    primary = FixedDrafter((-1, 0), (5,), carries=States(states))
     merged = propose(ComposedDrafter({"model": primary, "lookup": chain(6, 7)}))
     assert merged.node_tokens.tolist() == [ROOT, 5, 6, 7]
-    assert merged.extras["states"] is not None and torch.equal(merged.extras["states"], states)
+    assert torch.equal(carried(merged, States).values, states)
     lookup_chain = propose(ComposedDrafter({"model": primary, "lookup": chain(6, 7, scores=[1.0, 1.0])}), CHAINS)
-    assert lookup_chain.node_tokens.tolist() == [ROOT, 6, 7] and not lookup_chain.extras
+    assert lookup_chain.node_tokens.tolist() == [ROOT, 6, 7] and lookup_chain.carries is None
 
 
 def test_the_ngram_drafter_is_composable_and_scores_nothing():

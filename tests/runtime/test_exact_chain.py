@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specc.contract.drafter import Draft
+from specc.contract.side_channel import SideChannel
 from specc.contract.tree import TreeSpec, tree_tensors
 from specc.errors import SpeccError
 from specc.runtime.exact_chain import exact_chain
@@ -36,8 +37,8 @@ def test_a_chain_is_left_as_it_is():
     assert exact_chain(draft) is draft
 
 
-def test_a_tree_with_method_tensors_cannot_be_cut_behind_the_methods_back():
+def test_a_tree_with_a_side_channel_cannot_be_cut_behind_the_methods_back():
     draft = Draft(tree=tree_tensors(TreeSpec((2,))), node_tokens=torch.tensor([1, 2, 3]),
-                  extras={"states": torch.zeros(3)})
+                  carries=SideChannel())
     with pytest.raises(SpeccError, match="chain_only"):
         exact_chain(draft)

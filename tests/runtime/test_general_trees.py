@@ -25,6 +25,7 @@ def test_a_tree_of_any_shape_has_its_levels_children_and_mask():
     assert tree.level_nodes == ((1, 2), (3, 4, 5), (6,))
     assert [tree.children(node) for node in range(7)] == [(1, 2), (3,), (4, 5), (), (6,), (), ()]
     assert tree.chain_nodes == (1, 3), "the first-child path from the root"
+    assert tree.paths == ((0, 1, 3), (0, 2, 5), (0, 2, 4, 6)), "root to each leaf, leaves in node order"
     assert tree.ancestor_mask[6].tolist() == [True, False, True, False, True, False, True]
     assert tree.ancestor_mask.sum(dim=1).tolist() == [1, 2, 2, 3, 3, 3, 4]
     assert tree_from_parents(PARENTS) is tree, "tree tensors are built once per shape"

@@ -140,7 +140,7 @@ class EagleDrafter:
                             causal_chunk_mask(start, count, self.device)[:, :, rows],
                             self.follower.feature_before(positions)[None], last_logits_only=True)
         self.follower.caught_up(root)
-        return out.logits, out.extras[HIDDEN_OUTPUT][-1:]
+        return out.logits, out.outputs[HIDDEN_OUTPUT][-1:]
 
     def _offer(self, growth: _Growth, frontier: list[int], logits: torch.Tensor, width: int,
                sampling: SamplingConfig) -> list[int]:
@@ -169,7 +169,7 @@ class EagleDrafter:
         out = self.head.run(torch.tensor([growth.tokens[n] for n in frontier], device=self.device), positions,
                             slots, mask[None, None], parent_hidden[parent_rows][None])
         growth.rows = {node: row for row, node in enumerate(frontier)}
-        return out.logits, out.extras[HIDDEN_OUTPUT]
+        return out.logits, out.outputs[HIDDEN_OUTPUT]
 
     def _select(self, growth: _Growth, nodes: int) -> Draft:
         """The `nodes` best candidates, ancestors first; ordered by depth, then score."""

@@ -23,12 +23,14 @@ from them: the root is that token, depth d comes from pseudo step d.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.contract.sampling import SamplingConfig
+from specc.contract.side_channel import SideChannel, carried
 from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.contract.verification import Acceptance, Verification
 from specc.methods.firp.config import FIRPConfig
@@ -36,8 +38,12 @@ from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
 from specc.runtime.sampling import probabilities
 
-PSEUDO_LOGITS = "pseudo_logits"   # [anchors, k, vocab]: logits of each anchor's pseudo rows (Verification.extras)
-PSEUDO_NODES = "pseudo_nodes"     # [anchors]: the row (tree node) of each anchor
+@dataclass(frozen=True)
+class PseudoRows(SideChannel):
+    """What a verification carries to the drafter: the logits of each anchor's pseudo rows."""
+
+    logits: torch.Tensor            # [anchors, k, vocab]
+    nodes: tuple[int, ...]          # the row (tree node) of each anchor
 
 
 class PseudoRowTarget:
@@ -100,9 +106,8 @@ class PseudoRowTarget:
             torch.arange(start, start + source.numel(), device=self.device), _with_prefix(start, local_mask),
             source[None], step[None])
         logits = verification.logits
-        extras = {**verification.extras, PSEUDO_LOGITS: logits[n:].view(len(anchors), k, -1),
-                  PSEUDO_NODES: torch.tensor(anchors, device=self.device)}
-        return Verification(logits[:n], extras, slots)
+        return Verification(logits[:n], verification.outputs, slots,
+                            carries=PseudoRows(logits[n:].view(len(anchors), k, -1), anchors))
 
 
 def _with_prefix(start: int, local: torch.Tensor) -> torch.Tensor:
@@ -167,12 +172,12 @@ class PseudoStateDrafter:
         """The pseudo logits of the deepest node on `path` that has pseudo rows, shifted
         by how far it lies above the path's end (a sibling leaf has none with pseudo_rows=chain)."""
         self._pending = None
-        if PSEUDO_NODES not in verification.extras:
+        pseudo = carried(verification, PseudoRows)
+        if pseudo is None:
             return
-        anchors = verification.extras[PSEUDO_NODES].tolist()
         for shift, node in enumerate(reversed(path)):
-            if node in anchors:
-                logits = verification.extras[PSEUDO_LOGITS][anchors.index(node)]
+            if node in pseudo.nodes:
+                logits = pseudo.logits[pseudo.nodes.index(node)]
                 self._pending = logits[shift:] if shift < self.steps else None
                 return
 

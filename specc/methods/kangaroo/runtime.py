@@ -5,13 +5,13 @@ Where work happens, per round (root = the last committed token):
 - drafting runs the shallow layers once on the root and on each chain token
   it feeds on (writing the target's shallow KV for real, at the token's
   tree slot) and runs the adapter on each exit state; the draft carries
-  those exit states to the verifier (`Draft.extras`). When the first
+  those exit states to the verifier (`DraftExits`). When the first
   token's confidence is below `skip_threshold` the draft is the root alone,
   so the round is a plain step that still skips the root's shallow layers;
 - verification runs the shallow layers only on the tree nodes the draft
   brought no exit state for (the last drafted token and any siblings),
   then the deep layers on every node, and returns every node's exit state
-  (`Verification.extras`); prefill and plain steps are the same forward
+  (the output `EXITS`); prefill and plain steps are the same forward
   with nothing brought. So every token's shallow KV is written exactly once.
 
 The drafter keeps the exit state of every committed position (taken from
@@ -27,10 +27,13 @@ verification runs the shallow layers on all its rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
 from specc.contract.sampling import SamplingConfig
+from specc.contract.side_channel import SideChannel, carried
 from specc.contract.tree import TreeSpec, tree_tensors
 from specc.contract.verification import Acceptance, Verification
 from specc.methods.kangaroo.config import KangarooConfig
@@ -40,8 +43,15 @@ from specc.runtime.draft_logits import draft_distribution, full_vocabulary, toke
 from specc.runtime.masks import causal_chunk_mask
 from specc.runtime.sampling import sample
 
-EXITS = "exit_hidden"          # exit states of the rows run, [q, hidden] (draft and verification extras)
-EXIT_NODES = "exit_nodes"      # which tree nodes the draft's exit states belong to
+EXITS = "exit_hidden"          # the verifier's output: the exit state of each row run, [q, hidden]
+
+
+@dataclass(frozen=True)
+class DraftExits(SideChannel):
+    """What a draft carries to the verifier: the exit states the drafter already computed."""
+
+    states: torch.Tensor     # [k, hidden]
+    nodes: torch.Tensor      # [k]: the tree node of each
 
 
 class ExitVerifier:
@@ -58,10 +68,10 @@ class ExitVerifier:
         self.max_seq_len = deep.max_seq_len
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
-        return self._forward(tokens, *chunk_layout(start, tokens.numel(), self.device), {}, last_logits_only=True)
+        return self._forward(tokens, *chunk_layout(start, tokens.numel(), self.device), None, last_logits_only=True)
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
-        return self._forward(draft.node_tokens, *tree_layout(draft, prefix_len, self.device), draft.extras)
+        return self._forward(draft.node_tokens, *tree_layout(draft, prefix_len, self.device), carried(draft, DraftExits))
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         self.deep.commit(base, accepted_offsets)
@@ -71,19 +81,20 @@ class ExitVerifier:
         """Calls of either graph, which share the cache (the drafter runs the shallow one too)."""
         return self.shallow.forward_passes + self.deep.forward_passes
 
-    def _forward(self, tokens, positions, slots, mask, known: dict, last_logits_only: bool = False) -> Verification:
+    def _forward(self, tokens, positions, slots, mask, known: DraftExits | None,
+                 last_logits_only: bool = False) -> Verification:
         exits = torch.empty(tokens.numel(), self.architecture.hidden_size, dtype=self.deep.cache.tensors[0].dtype,
                             device=self.device)
         missing = torch.ones(tokens.numel(), dtype=torch.bool, device=self.device)
-        if EXIT_NODES in known:
-            exits[known[EXIT_NODES]] = known[EXITS]
-            missing[known[EXIT_NODES]] = False
+        if known is not None:
+            exits[known.nodes] = known.states
+            missing[known.nodes] = False
         stale = missing.nonzero().flatten()
         if stale.numel():
             (hidden,) = self.shallow.run_all(tokens[stale], positions[stale], slots[stale], mask[:, :, stale])
             exits[stale] = hidden[0]
         verification = self.deep.run(tokens, positions, slots, mask, exits[None], last_logits_only=last_logits_only)
-        verification.extras[EXITS] = exits
+        verification.outputs[EXITS] = exits
         return verification
 
 
@@ -143,7 +154,7 @@ class KangarooDrafter:
             tree=tree_tensors(TreeSpec(tuple(widths))),
             node_tokens=torch.tensor(node_tokens, device=device),
             draft_probs=torch.stack(draft_probs) if sampled_chain and draft_probs else None,
-            extras={EXITS: torch.stack(self._chain_exits), EXIT_NODES: slots - root},
+            carries=DraftExits(torch.stack(self._chain_exits), slots - root),
         )
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:

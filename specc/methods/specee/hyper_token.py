@@ -39,7 +39,8 @@ import torch
 
 from specc.contract.drafter import Capabilities, Draft, DraftBudget
 from specc.contract.sampling import SamplingConfig
-from specc.contract.tree import TreeSpec
+from specc.contract.side_channel import SideChannel, carried
+from specc.contract.tree import TreeTensors, tree_from_parents
 from specc.contract.verification import Acceptance, Verification
 from specc.errors import UsageError
 from specc.methods.specee.early_exit import FEATURE, DraftHead, EarlyExit, FollowsAcceptedTokens
@@ -47,47 +48,16 @@ from specc.runtime.cached_model import CachedModel
 from specc.runtime.draft_follower import DraftFollower
 from specc.runtime.masks import apply_sliding_window, tree_mask
 
-CANDIDATES = "exit_candidates"    # Draft.extras: each node's draft-head top-K ids [n, K]
-EXIT_LAYER = "exit_layer"         # Verification.extras: the layer each node's logits were read at [n]
-
-
 @dataclass(frozen=True)
-class DraftTree:
-    """A token tree of any shape, offering what the loop reads of `TreeTensors`."""
+class ExitCandidates(SideChannel):
+    """What a tree draft carries to the verifier: each node's draft-head top-K ids, which the
+    exit guard checks the target's argmax against."""
 
-    spec: TreeSpec                          # nodes per depth
-    parent: tuple[int, ...]                 # root -1; a parent precedes its children
-    depth: torch.Tensor                     # [n]
-    ancestor_mask: torch.Tensor             # [n, n] True where row may attend column
-    paths: tuple[tuple[int, ...], ...]      # root-to-leaf node indices, one per leaf
-
-    @classmethod
-    def from_parents(cls, parent: list[int]) -> "DraftTree":
-        n = len(parent)
-        depth = [0] * n
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for node in range(n):
-            if node:
-                depth[node] = depth[parent[node]] + 1
-            walk = node
-            while walk >= 0:
-                mask[node, walk] = True
-                walk = parent[walk]
-        inner = set(parent[1:])
-        paths = tuple(tuple(int(i) for i in mask[leaf].nonzero().flatten()) for leaf in range(n)
-                      if leaf not in inner)
-        widths = tuple(depth.count(d) for d in range(1, max(depth) + 1))
-        return cls(TreeSpec(widths), tuple(parent), torch.tensor(depth), mask, paths)
-
-    def children(self, node: int) -> tuple[int, ...]:
-        return tuple(i for i, p in enumerate(self.parent) if p == node)
-
-    def depth_of(self, node: int) -> int:
-        return int(self.depth[node])
+    ids: torch.Tensor     # [n, K]
 
 
 def draft_tree(head: DraftHead, root: int, slot: int, feature: torch.Tensor, depth: int,
-               width: int) -> tuple[torch.Tensor, DraftTree, torch.Tensor]:
+               width: int) -> tuple[torch.Tensor, TreeTensors, torch.Tensor]:
     """(node tokens [n], the tree, each node's top-K candidates [n, K]) for a root at `slot` after
     the previous token's `feature` [hidden]; writes the head's K/V at the tree's slots."""
     device = head.model.device
@@ -116,9 +86,9 @@ def draft_tree(head: DraftHead, root: int, slot: int, feature: torch.Tensor, dep
             parent.append(level[p])
             allowed[node] = allowed[level[p]]
             allowed[node, slot + node] = True
-        score, features = best.values, out.extras[FEATURE][chosen_parent]
+        score, features = best.values, out.outputs[FEATURE][chosen_parent]
         level = list(range(level_start, len(tokens)))
-    return torch.tensor(tokens, device=device), DraftTree.from_parents(parent), torch.cat(candidates)
+    return torch.tensor(tokens, device=device), tree_from_parents(tuple(parent)), torch.cat(candidates)
 
 
 @dataclass
@@ -167,7 +137,7 @@ class HyperTokenVerifier:
 
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         """One layer-stepped forward over the tree's running rows; paths leave as hyper-tokens."""
-        tree, tokens, candidates = draft.tree, draft.node_tokens, draft.extras[CANDIDATES]
+        tree, tokens, candidates = draft.tree, draft.node_tokens, carried(draft, ExitCandidates).ids
         n, early, layerwise = tokens.numel(), self.early, self.early.layerwise
         top = layerwise.num_layers - 1
         positions = tree.depth.to(self.device) + prefix_len
@@ -236,7 +206,7 @@ class HyperTokenVerifier:
         early.schedule.record(exit_layer[best])
         self.path_exit_layers.append(exit_layer[best])
         self._round = _Round(tokens, candidates, last_layer, last_hidden)
-        return self._verification(tree, slots, path_logits, path_hidden, exit_layer, best, acceptance)
+        return self._verification(tree, slots, path_logits, path_hidden, best, acceptance)
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         """Move the accepted rows, then give the layers above each one's last layer its K/V policy."""
@@ -261,20 +231,18 @@ class HyperTokenVerifier:
                       done.candidates[nodes])
             layerwise.propagate(inputs, layer, done.last_hidden[nodes][None])
 
-    def _verification(self, tree: DraftTree, slots, path_logits, path_hidden, exit_layer, best,
-                      acceptance) -> Verification:
+    def _verification(self, tree: TreeTensors, slots, path_logits, path_hidden, best, acceptance) -> Verification:
         """Each node's row read at one path's exit (the accepted path's for its nodes)."""
         n = slots.numel()
         logits = torch.empty(n, path_logits[best].shape[-1], dtype=path_logits[best].dtype, device=self.device)
         features = torch.empty(n, path_hidden[best].shape[-1], dtype=path_hidden[best].dtype, device=self.device)
-        layers = torch.empty(n, dtype=torch.long)
         for p in [*(p for p in path_logits if p != best), best]:
             nodes = list(tree.paths[p])
-            logits[nodes], features[nodes], layers[nodes] = path_logits[p], path_hidden[p], exit_layer[p]
-        return Verification(logits, {FEATURE: features, EXIT_LAYER: layers}, slots, acceptance)
+            logits[nodes], features[nodes] = path_logits[p], path_hidden[p]
+        return Verification(logits, {FEATURE: features}, slots, acceptance)
 
 
-def accept_paths(tree: DraftTree, tokens: torch.Tensor, path_logits: dict[int, torch.Tensor]
+def accept_paths(tree: TreeTensors, tokens: torch.Tensor, path_logits: dict[int, torch.Tensor]
                   ) -> tuple[Acceptance, int]:
     """Greedy acceptance on each path against its own exit logits; the longest (first on ties)."""
     ids = tokens.tolist()
@@ -313,7 +281,7 @@ class TreeDrafter(FollowsAcceptedTokens):
             return None
         node_tokens, tree, candidates = draft_tree(self.early.head, tokens[-1], len(tokens) - 1,
                                                    self._catch_up(tokens), depth, self.width)
-        return Draft(tree, node_tokens, None, {CANDIDATES: candidates})
+        return Draft(tree, node_tokens, carries=ExitCandidates(candidates))
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self.follower.observe(draft, acceptance, verification)

@@ -20,16 +20,19 @@ layer) and `draft_head`. `verify` and `layerwise` share one KV cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
+from specc.contract.sampling import SamplingConfig
+from specc.contract.side_channel import SideChannel, carried
+from specc.contract.tree import TreeSpec, tree_tensors
+from specc.contract.verification import Acceptance, Verification
 from specc.errors import SpeccError, UsageError
 from specc.methods.specee.config import SCHEDULE_KEY, SpecEEConfig
 from specc.methods.specee.early_exit import (FEATURE, DraftHead, EarlyExit, ExitSchedule, FollowsAcceptedTokens,
                                             head_follower, previous_features)
-from specc.contract.drafter import Capabilities, Draft, DraftBudget, MethodRuntime
-from specc.contract.sampling import SamplingConfig
-from specc.contract.tree import TreeSpec, tree_tensors
-from specc.contract.verification import Acceptance, Verification
 from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter
 from specc.methods.specee.layerwise import LayerwiseForward
 from specc.runtime.cached_model import CachedModel
@@ -39,8 +42,16 @@ from specc.runtime.draft_logits import vocabulary_from_state
 from specc.runtime.sampling import probabilities, sample
 from specc.runtime.warm_up import untaken_size
 
-EXACT_LOGITS, EXACT_FEATURES = "exact_logits", "exact_features"   # Draft.extras of the leading exact nodes
 DEFAULT_THRESHOLD = 0.5   # the paper's, for an engine whose threshold was never calibrated
+EXIT_LAYER = "exit_layer"   # `ar` mode's output of an early-exit step: the layer its token left at, [1]
+
+
+@dataclass(frozen=True)
+class ExactRows(SideChannel):
+    """What a lossless draft carries to the verifier: its leading nodes that ran every layer."""
+
+    logits: torch.Tensor      # [k, vocab]
+    features: torch.Tensor    # [k, hidden]: the top layer's output
 
 
 def build_runtime(ctx: MethodContext, config: SpecEEConfig) -> MethodRuntime:
@@ -96,7 +107,7 @@ class EarlyExitTarget:
         result = self.early.step(int(tokens[0]), start, self.feature)
         self.feature = result.hidden[0, -1]
         slots = torch.tensor([start], device=self.device)
-        return Verification(result.logits[0], {"exit_layer": torch.tensor([result.exit_layer])}, slots)
+        return Verification(result.logits[0], {EXIT_LAYER: torch.tensor([result.exit_layer])}, slots)
 
     def method_report(self) -> dict:
         return self.early.take_report()
@@ -114,7 +125,7 @@ class EarlyExitTarget:
             self.early.finish_pending()
         verification = self.full.prefill(tokens, start)
         self.early.written_by_full_model(verification.slots)
-        features = verification.extras[FEATURE]
+        features = verification.outputs[FEATURE]
         self.early.head.prime(tokens, start, previous_features(features, self.feature))
         self.feature = features[-1]
         return verification
@@ -123,9 +134,9 @@ class EarlyExitTarget:
 class PartialVerifier:
     """The full target, verifying only the draft rows the drafter could not compute exactly.
 
-    The draft's extras carry the logits and top-layer features of its leading
-    exact nodes (`EXACT_LOGITS`, `EXACT_FEATURES`); the `verify` graph runs on
-    the remaining nodes only, as a causal chunk after them."""
+    The draft carries the logits and top-layer features of its leading exact
+    nodes (`ExactRows`); the `verify` graph runs on the remaining nodes only,
+    as a causal chunk after them."""
 
     capabilities = Capabilities(resumable=True)   # every committed slot holds the full model's K/V, every layer
 
@@ -148,14 +159,14 @@ class PartialVerifier:
     def verify_tree(self, draft: Draft, prefix_len: int) -> Verification:
         if draft.tree.spec.widths != (1,) * draft.tree.spec.depth:   # merged with lookup branches
             return self.full.verify_tree(draft, prefix_len)
-        exact = draft.extras.get(EXACT_LOGITS)
-        known = 0 if exact is None else exact.shape[0]
+        exact = carried(draft, ExactRows)
+        known = 0 if exact is None else exact.logits.shape[0]
         rest = self.full.run_chunk(draft.node_tokens[known:], prefix_len + known)
         if known == 0:
             return rest
         slots = torch.arange(prefix_len, prefix_len + draft.node_tokens.numel(), device=self.device)
-        features = torch.cat([draft.extras[EXACT_FEATURES], rest.extras[FEATURE]])
-        return Verification(torch.cat([exact, rest.logits]), {FEATURE: features}, slots)
+        features = torch.cat([exact.features, rest.outputs[FEATURE]])
+        return Verification(torch.cat([exact.logits, rest.logits]), {FEATURE: features}, slots)
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         self.full.commit(base, accepted_offsets)
@@ -208,10 +219,9 @@ class EarlyExitDrafter(FollowsAcceptedTokens):
                 break
             exited = exited or not ran_every_layer
         tree = tree_tensors(TreeSpec.chain(len(chain) - 1))
-        extras = {EXACT_LOGITS: torch.stack(exact_logits), EXACT_FEATURES: torch.stack(exact_hidden)} \
-            if exact_logits else {}
+        exact = ExactRows(torch.stack(exact_logits), torch.stack(exact_hidden)) if exact_logits else None
         return Draft(tree, torch.tensor(chain, device=self.early.device), torch.stack(probs) if probs else None,
-                     extras)
+                     carries=exact)
 
     def observe(self, draft: Draft | None, acceptance: Acceptance | None, verification: Verification) -> None:
         self.early.written_by_full_model(verification.slots)
