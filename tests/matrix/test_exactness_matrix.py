@@ -2,9 +2,10 @@
 are token-identical to Hugging Face greedy in float32 and to the bfloat16 `none` engine in
 bfloat16, or refused at compile time with a reason.
 
-Fast by default: every method on two quirky families in eager (each with Mistral's sliding
-window, the quirk that broke SpecEE) and on the two that interleave sliding-window and full
-layers (Gemma 3, Qwen2 with max_window_layers), `none` on every family under inductor and onnx,
+Fast by default: every method on every quirky model in eager (Mistral's sliding window, the quirk
+that broke SpecEE, and the two that interleave sliding-window and full layers, Gemma 3 and Qwen2
+with max_window_layers, among them) and draft-model's chain variant too, `none` on every family
+under inductor and onnx and a few methods under inductor (`FAST_INDUCTOR`),
 every method with q4 weights (`--quantize q4`, specc's kernel) in bfloat16 on one family against
 its quantized `none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
 float32 and bfloat16. `-m slow` runs the whole matrix: every method × family × backend in float32, every
@@ -16,13 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-from specc.runtime.sampling import SamplingConfig
-from specc.testing.exactness_matrix import (BACKENDS, COMPOSABLE, MAX_NEW_TOKENS, METHODS, Cell, QuirkyCheckpoints, cell_engine,
-                                            prompts, run_cell)
-from specc.testing.checkpoints import QUIRKY_MODELS
+from specc.contract.sampling import SamplingConfig
+from specc.testing.exactness_matrix import (BACKENDS, COMPOSABLE, MAX_NEW_TOKENS, METHODS, VARIANTS, Cell, QuirkyCheckpoints,
+                                            cell_engine, prompts, run_cell)
+from specc.testing.checkpoints import FAMILIES, QUIRKY_MODELS
 
-# Each method's second family: together they cover every family's quirks.
-PARTNER = dict(zip(METHODS, ("phi3", "llama", "qwen2", "qwen3", "phi3", "llama", "qwen2", "qwen3", "phi3")))
 BFLOAT16_FAMILY = "llama"
 # Engines compiled lossy on purpose: FIRP's verifier reads rows past the draft's, which bfloat16
 # backends do not compute exactly (the compiler warns and the manifest says lossless: false).
@@ -62,9 +61,9 @@ def assert_exact(result) -> None:
     assert result.status == "identical", f"{result.cell.label}: {result.mark()}"
     if result.cell.method != "none":   # identical without speculation would prove nothing
         assert 0 < result.accepted < result.drafted, f"{result.cell.label}: {result.mark()}"
-
-
-INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
+        assert result.forward_passes < result.new_tokens, f"{result.cell.label}: no target pass saved"
+    else:   # one token per target pass
+        assert result.drafted == 0 and result.forward_passes == result.new_tokens, result.cell.label
 
 
 # The quantized column (`--quantize`): q4 (specc's kernel), whose blocks of 32 inputs and tiles
@@ -72,15 +71,20 @@ INTERLEAVED = ("gemma3_text", "qwen2_interleaved")
 # it; PyTorch's int4 and int8 kernels and the compiled backends run with -m slow.
 QUANTIZED = "q4"
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
+# Methods run under inductor in the fast selection too, and on which families.
+FAST_INDUCTOR = {"draft-model": FAMILIES, "kangaroo": FAMILIES, "eagle": ("llama", "phi3"), "firp": ("llama",),
+                 "s3d": ("llama",)}
 
 
 def fast_cells() -> list[Cell]:
-    methods = [Cell(m, f, "eager") for m in METHODS for f in ("mistral", PARTNER[m], *INTERLEAVED)]
+    methods = [Cell(m, f, "eager") for m in METHODS for f in QUIRKY_MODELS]
+    variants = [Cell(m, f, "eager", variant=v) for m in VARIANTS for v in VARIANTS[m] for f in QUIRKY_MODELS]
     backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in QUIRKY_MODELS]
+    backends += [Cell(m, f, "inductor") for m, families in FAST_INDUCTOR.items() for f in families]
     quantized = [Cell(m, BFLOAT16_FAMILY, "eager", "bfloat16", QUANTIZED) for m in METHODS if m != "none"]
     composed = [Cell(m, f, "eager", dtype, lookup=True) for m in COMPOSABLE
                 for f, dtype in (("mistral", "float32"), (BFLOAT16_FAMILY, "bfloat16"))]
-    return methods + backends + quantized + composed
+    return methods + variants + backends + quantized + composed
 
 
 def slow_cells() -> list[Cell]:
@@ -93,8 +97,10 @@ def slow_cells() -> list[Cell]:
 
 
 @pytest.mark.parametrize("cell", fast_cells(), ids=lambda c: c.label)
-def test_fast_cell(matrix, cell):
+def test_fast_cell(matrix, engine_of, cell):
     assert_exact(matrix(cell))
+    if cell.backend == "inductor":
+        assert engine_of(cell).compile_seconds > 0
 
 
 @pytest.mark.slow
@@ -105,7 +111,8 @@ def test_slow_cell(matrix, cell):
 
 def test_the_matrix_covers_every_registered_lossless_method(prompt_lookup_method):
     """The conformance suite (the cells above and the tests below, with
-    tests/matrix/test_sampling_matrix.py) is parametrised over every lossless method there is."""
+    tests/matrix/test_sampling_matrix.py) is parametrised over every lossless method there is
+    (tests/matrix/test_training_conformance.py, over every method that trains)."""
     from specc.contract.descriptor import all_methods
 
     registered = {m.name for m in all_methods() if m.lossless or m.lossless_when is not None}

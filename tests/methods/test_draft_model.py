@@ -1,7 +1,7 @@
 """`draft-model`'s two draft-cost levers: a draft LM head reduced to frequent tokens
 (`draft_vocab_size`) and confidence-stopped drafting (`stop_threshold`). Both
 leave the output the target's: token-identical to HF greedy, and the target's
-exact distribution when sampling. (Plain chains and trees: test_lossless_baselines.)"""
+exact distribution when sampling. (Plain chains and trees: the exactness matrix, tests/matrix.)"""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 from specc.capture.load import load_model
 from specc.cli.main import main
 from specc.compiler import CompileRequest, build_program, compile_engine
+from specc.contract.descriptor import get_method
+from specc.contract.sampling import SamplingConfig
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.contract.descriptor import get_method
 from specc.methods.draft_model import DraftModelConfig
 from specc.methods.draft_model.drafter import build_runtime
 from specc.passes.manager import run_passes
@@ -27,7 +28,6 @@ from specc.passes.reduce_draft_vocabulary import DraftVocabularyConfig, ReduceDr
 from specc.runtime.context import MethodContext
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import (TINY_VOCAB, assert_matches_hf_greedy, assert_samples_the_target,
                            assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint,
                            recording_drafted_tokens, recording_rounds, sample_calibration_text, varied_prompts)

@@ -1,6 +1,7 @@
-"""S3D: token-identical to HF greedy on every family, the target's distribution when
-sampling, verification that never applies the draft-only adapters, the engine
-round trip, and compile-time training that helps and is deterministic."""
+"""S3D: trees and longer drafts token-identical to HF greedy, verification that never applies
+the draft-only adapters, the engine round trip, compile-time training that helps, and eq. 12's
+choice. Greedy exactness on every family and backend, sampling and seed determinism: the
+conformance suite (tests/matrix)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,18 @@ from safetensors.torch import load_file
 
 from specc.capture.load import load_model, load_tokenizer
 from specc.compiler import CompileRequest, build_program, compile_engine, training_context
+from specc.contract.descriptor import get_method
+from specc.contract.sampling import SamplingConfig
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import layer_index
-from specc.contract.descriptor import get_method
 from specc.methods.s3d import S3DConfig
-from specc.runtime.speedup_model import tokens_per_round
 from specc.methods.s3d.select import Candidate
 from specc.methods.s3d.train import draft_parameters, train_draft
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig
-from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy, assert_samples_the_target,
-                           build_tiny_checkpoint,
+from specc.runtime.speedup_model import tokens_per_round
+from specc.testing.checkpoints import (assert_matches_hf_greedy, build_tiny_checkpoint,
                            recording_rounds, sample_calibration_text, trained_engines, varied_prompts)
 
 MAX_SEQ_LEN = 96
@@ -53,13 +53,11 @@ def runtime(context: MethodContext, config: S3DConfig):
 # --- losslessness ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_eager_matches_hf_greedy(engines, family):
-    engine, target = engines(family)
-    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    drafted = sum(r.stats.drafted_tokens for r in results)
-    assert 0 < accepted < drafted, "the draft should be accepted sometimes, rejected sometimes"
+def test_a_round_drafts_at_most_draft_tokens(engines):
+    """The default draft_tokens (4) bounds every round's draft (the engine's greedy exactness on
+    every family and backend is the conformance suite's, tests/matrix)."""
+    engine, _ = engines("llama")
+    results = [engine.generate_ids(ids, MAX_NEW_TOKENS) for ids in varied_prompts(20, 96, seed=11)]
     assert max(r.stats.drafted_tokens / max(1, r.stats.target_forward_passes - 1) for r in results) <= 4
 
 
@@ -72,12 +70,6 @@ def test_tree_and_longer_drafts_match_hf_greedy(engines, family):
     assert any(node not in tree.chain_nodes for tree, path in rounds for node in path[1:]), \
         "no sibling was ever accepted; the tree lost coverage"
     assert any(len(path) == 1 for _, path in rounds), "no round was fully rejected"
-
-
-def test_inductor_matches_hf_greedy(engines):
-    engine, target = engines("llama", "inductor")
-    results = assert_identical(lambda ids: engine.generate_ids(ids, MAX_NEW_TOKENS), target)
-    assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
 @pytest.mark.slow
@@ -134,34 +126,6 @@ def test_one_draft_forward_writes_only_kept_layers_at_the_draft_slots(llama_prog
     for index, (old, new) in enumerate(zip(before, model.cache.tensors)):
         changed = (old != new).any(dim=(0, 1, 3)).nonzero().flatten().tolist()
         assert changed == (list(range(root, root + 4)) if index // 2 in kept else []), f"cache {index}"
-
-
-# --- sampling keeps the target distribution ------------------------------------
-
-
-@pytest.fixture(scope="module")
-def small_vocab(tmp_path_factory):
-    """A 16-token model with no EOS and its S3D program (draft adapters nudged off zero)."""
-    checkpoint = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("vocab16") / "model", seed=3,
-                                       vocab_size=16, eos_token_id=None)
-    model = load_model(checkpoint)
-    program = build_program({"target": model}, METHOD, S3DConfig(), MAX_SEQ_LEN)
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(1)
-        for p in draft_parameters(program.graphs["draft"].module).values():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
-    return model, program
-
-
-@pytest.mark.parametrize("variant,sampling", [
-    ("chain", SamplingConfig(temperature=1.0)),
-    ("tree", SamplingConfig(temperature=0.8, top_p=0.9)),
-])
-def test_sampling_matches_the_target_distribution(small_vocab, variant, sampling):
-    model, program = small_vocab
-    config = S3DConfig(draft_tokens=2, tree_width=3 if variant == "tree" else 1, tree_threshold=1.0)
-    target, drafter, rounds = runtime(MethodContext.eager(program, MAX_SEQ_LEN), config)
-    assert_samples_the_target(model, target, drafter, rounds, sampling, MAX_SEQ_LEN)
 
 
 # --- the engine ------------------------------------------------------------------
@@ -230,16 +194,6 @@ def test_training_lowers_loss_and_raises_heldout_agreement(trainable):
     before, after = by_position["before"], by_position["after"]
     assert sum(after) > sum(before)
     assert sum(after[1:]) > sum(before[1:]), "the mask positions should improve"
-
-
-def test_training_is_deterministic_for_a_seed(trainable):
-    first = train_from_initial(trainable, "train_steps=12", "seed=5")
-    again = train_from_initial(trainable, "train_steps=12", "seed=5")
-    other = train_from_initial(trainable, "train_steps=12", "seed=6")
-    names = list(first.weights)
-    assert all(torch.equal(first.weights[name], again.weights[name]) for name in names)
-    assert first.state["heldout_agreement_by_position"] == again.state["heldout_agreement_by_position"]
-    assert not all(torch.equal(first.weights[name], other.weights[name]) for name in names)
 
 
 # --- eq. 12 choice of the skipped block and γ ------------------------------------

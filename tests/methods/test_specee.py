@@ -12,18 +12,18 @@ import torch
 
 from specc.capture.load import load_model, load_tokenizer
 from specc.compiler import CompileRequest, build_program, compile_engine, install_weights, training_context
+from specc.contract.descriptor import TrainResult, get_method
+from specc.contract.drafter import Capabilities, Draft
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import TreeSpec, tree_tensors
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.contract.descriptor import TrainResult, get_method
 from specc.methods.specee import SpecEEConfig
 from specc.methods.specee.config import SCHEDULE_KEY
 from specc.methods.specee.runtime import build_runtime
 from specc.methods.specee.train import train_specee
 from specc.runtime.context import MethodContext
-from specc.runtime.drafter import Capabilities, Draft
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig
-from specc.runtime.tree import TreeSpec, tree_tensors
 from specc.testing.checkpoints import (FAMILIES, assert_distribution, assert_matches_hf_greedy,
                                        assert_turns_reusing_match_hf_greedy, build_tiny_checkpoint, exact_marginals,
                                        sample_calibration_text, varied_prompts)

@@ -8,14 +8,15 @@ import torch
 
 from specc.capture.load import load_model
 from specc.compiler import build_program
-from specc.errors import UsageError
 from specc.contract.descriptor import get_method
+from specc.contract.sampling import SamplingConfig
+from specc.contract.tree import tree_from_parents
+from specc.errors import UsageError
 from specc.methods.specee import SpecEEConfig
-from specc.methods.specee.hyper_token import DraftTree, HyperTokenVerifier, TreeDrafter, accept_paths
+from specc.methods.specee.hyper_token import HyperTokenVerifier, TreeDrafter, accept_paths
 from specc.methods.specee.runtime import build_runtime
 from specc.runtime.context import MethodContext
 from specc.runtime.generate import generate
-from specc.runtime.sampling import SamplingConfig
 from specc.testing.checkpoints import FAMILIES, assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
 
 MAX_SEQ_LEN = 96
@@ -137,7 +138,7 @@ def test_never_exiting_tree_verification_equals_the_full_model(deep, one_thread)
 
 def test_each_path_is_accepted_against_its_own_exit_logits():
     # root 0 → 2 and root 0 → 1 → 3: two paths, in leaf order.
-    tree = DraftTree.from_parents([-1, 0, 0, 1])
+    tree = tree_from_parents((-1, 0, 0, 1))
     assert tree.paths == ((0, 2), (0, 1, 3)) and tree.children(0) == (1, 2) and tree.spec.widths == (2, 1)
     tokens = torch.tensor([7, 4, 5, 6])
 
@@ -169,6 +170,6 @@ def test_tree_mode_needs_a_tree_engine_and_greedy_decoding(checkpoints, one_thre
 
 
 def _budget():
-    from specc.runtime.drafter import DraftBudget
+    from specc.contract.drafter import DraftBudget
 
     return DraftBudget(max_depth=8, max_nodes=64)

@@ -12,15 +12,16 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from specc.compiler import CompileRequest, compile_engine
+from specc.contract.drafter import DraftBudget
+from specc.contract.sampling import SamplingConfig
+from specc.engine.inspect_engine import inspect_engine
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
-from specc.engine.inspect_engine import inspect_engine
 from specc.methods.swift import SKIP_SET_KEY, SwiftConfig
 from specc.methods.swift.drafter import SearchLimit
 from specc.runtime.acceptance import accept_sampled_tree
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
-from specc.runtime.drafter import DraftBudget
-from specc.runtime.sampling import SamplingConfig, probabilities
+from specc.runtime.sampling import probabilities
 from specc.testing.checkpoints import (FAMILIES, assert_matches_hf_greedy,
                            build_tiny_checkpoint, hf_greedy,
                            set_eos_to_a_generated_token, varied_prompts)
