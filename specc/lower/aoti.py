@@ -70,7 +70,7 @@ from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
-from specc.runtime.exactness import EXACT_ROWS, RowExactness
+from specc.runtime.exactness import EXACT_ROWS, RowExactness, pads_itself
 from specc.lower.row_padding import PaddedRows, q_axes, row_padding
 from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads
@@ -204,7 +204,7 @@ def _narrow_rows(target: LoweringTarget) -> tuple[int, int]:
 
 def _computes_rows_alike(target: LoweringTarget) -> bool:
     """Whether the engine runs the graph's calls unpadded (`specc.runtime.exactness.padded_rows`)."""
-    return target.dtype == torch.bfloat16 and rows_computed_alike(target.module) == EXACT_ROWS
+    return pads_itself(target.dtype, rows_computed_alike(target.module))
 
 
 def _package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, str] | None = None) -> str:

@@ -58,9 +58,15 @@ def padded_rows(exactness: RowExactness, dtype: torch.dtype, rows_alike: int | N
     """How many rows every call of fewer rows runs padded to (None: as called), for a graph in
     `dtype` that computes up to `rows_alike` rows alike by itself (`graph.nodes.rows_computed_alike`)."""
     rows = exact_rows(exactness, dtype)
-    if rows is not None and exactness is RowExactness.PADDED_UNLESS_ALIKE and rows_alike == rows:
+    if rows is not None and exactness is RowExactness.PADDED_UNLESS_ALIKE and pads_itself(dtype, rows_alike):
         return None
     return rows
+
+
+def pads_itself(dtype: torch.dtype, rows_alike: int | None) -> bool:
+    """Whether a graph in `dtype` that computes up to `rows_alike` rows alike by itself covers
+    the cap on its own, so that a `PADDED_UNLESS_ALIKE` backend runs its calls as they come."""
+    return dtype == torch.bfloat16 and rows_alike == EXACT_ROWS
 
 
 def is_lossless(method, config, exact_rows: int | None = None) -> bool:
