@@ -150,6 +150,7 @@ def test_none_engine_on_cuda_matches_hf_greedy_and_replays_cuda_graphs(checkpoin
 # a crash here should fail one test with its stack, not end the run.
 _DECODE_ELSEWHERE = """
 import json, sys
+from specc.engine.loaded import load_engine
 path, device, new, prompts = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 engine = load_engine(path, device=None if device == "auto" else device)
 tokens = [engine.generate_ids(ids, new).token_ids for ids in prompts]

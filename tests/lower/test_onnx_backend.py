@@ -20,7 +20,7 @@ from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
 from specc.engine.inspect_engine import inspect_engine
 from specc.lower.onnx import check_exportable_ops
-from specc.lower.onnx_session import OnnxSessionGraph, session_options
+from specc.lower.onnx_session import OnnxSessionGraph
 from specc.testing.checkpoints import FAMILIES, assert_matches_hf_greedy, varied_prompts
 
 ort = pytest.importorskip("onnxruntime", reason="the onnx backend needs pip install 'specc[onnx]'")
@@ -256,6 +256,7 @@ def graph_calling_custom_op() -> fx.GraphModule:
 
 SHARED_POOL_PROBE = """
 import onnxruntime, torch
+from specc.lower.onnx_session import session_options
 torch.set_num_threads(1)
 single = session_options(onnxruntime)
 torch.set_num_threads(2)
