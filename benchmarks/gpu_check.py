@@ -75,11 +75,14 @@ STATIC_HF_NEEDS_S = 150   # the benchmark skips HF's static cache with less time
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("tests", "smollm2", "bench"))
+    parser.add_argument("stage", choices=("tests", "smollm2", "bench", "prompt-ids"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--budget", type=float, default=None, help="seconds this stage may take")
-    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    parser.add_argument("--prompt-sets", default="code,spec_bench", help="bench: comma-separated prompt sets")
+    parser.add_argument("--prompt-ids", type=Path, help="bench: JSON of each set's prompt token ids, "
+                                                         "instead of --prompt-sets")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda")
@@ -89,13 +92,29 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", help="smollm2: comma-separated group names, in the order given "
                                          f"(default: {','.join(g.name for g in GROUPS)})")
     parser.add_argument("--select", help="tests: pytest -k expression")
+    parser.add_argument("--engine", type=Path, help="prompt-ids: the engine whose tokenizer encodes the prompts")
     args = parser.parse_args(argv)
+    if args.stage == "prompt-ids":
+        return write_prompt_ids(args)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     if args.stage == "tests":
         return run_tests(args.out, args.budget or 200, args.select)
     if args.stage == "bench":
         return run_bench_group(args)
     return run_smollm2(args, args.budget or 480)
+
+
+def write_prompt_ids(args) -> int:
+    """`--out`/prompt-ids.json: each set's prompts as token ids, encoded here, so that the GPU
+    machine (no shared data, another Python's standard library) decodes the very same prompts."""
+    from specc.engine.loaded import load_engine
+
+    engine = load_engine(args.engine, backend="eager", device="cpu")
+    ids = prompt_sets_from(args.prompt_sets.split(","), args.prompts, args.max_new_tokens)(engine)
+    args.out.mkdir(parents=True, exist_ok=True)
+    _write(args.out / "prompt-ids.json", ids)
+    print(f"gpu_check: {', '.join(f'{len(v)} {k}' for k, v in ids.items())} prompts in {args.out / 'prompt-ids.json'}")
+    return 0
 
 
 def run_tests(out: Path, budget: float, select: str | None = None) -> int:
@@ -145,12 +164,13 @@ def run_smollm2(args, budget: float) -> int:
             command = [sys.executable, "-X", "faulthandler", __file__, "bench", "--out", str(args.out),
                        "--group", group.name, "--device", args.device, "--prompts", str(args.prompts),
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
-                       "--budget", str(round(left)),
+                       "--budget", str(round(left)), "--prompt-sets", args.prompt_sets,
+                       *(["--prompt-ids", str(args.prompt_ids)] if args.prompt_ids else []),
                        "--engines", *compiled, *(["--hf"] if group.name == HF_GROUP else [])]
             code, seconds = _logged(command, args.out / "logs" / f"bench-{group.name}.log", left)
             result = args.out / f"bench-{group.name}.json"
             outcome = json.loads(result.read_text()) if result.is_file() else {}
-            if code != 0 or "systems" not in outcome:   # what it measured before it stopped stays in the report
+            if code != 0 or "cuda_graphs" not in outcome:   # what it measured before it stopped stays in the report
                 outcome["error"] = f"rc {code} after {seconds:.0f} s; see logs/bench-{group.name}.log"
             report["bench"][group.name] = outcome
             print(f"gpu_check: bench {group.name}: rc {code} in {seconds:.0f} s", flush=True)
@@ -190,29 +210,41 @@ def bench_reserve(group: Group, engines: int) -> float:
 
 def run_bench_group(args) -> int:
     compiled = [(name, Path(path)) for name, path in (item.split("=", 1) for item in args.engines)]
+    if args.prompt_ids:
+        prompt_sets = {name: ids[:args.prompts] for name, ids in json.loads(args.prompt_ids.read_text()).items()}
+    else:
+        prompt_sets = prompt_sets_from(args.prompt_sets.split(","), args.prompts, args.max_new_tokens)
     path = args.out / f"bench-{args.group}.json"
-    result = bench(compiled, args.prompts, args.max_new_tokens, args.repeats, args.device, args.hf,
-                   deadline=time.perf_counter() + (args.budget or 1e9), progress=lambda partial: _write(path, partial))
-    _write(path, result)
+
+    def save(partial: dict) -> None:
+        _write(path, partial)
+        (args.out / f"bench-{args.group}.md").write_text("\n".join(bench_markdown(args.group, partial)) + "\n")
+
+    result = bench(compiled, prompt_sets, args.max_new_tokens, args.repeats, args.device, args.hf,
+                   deadline=time.perf_counter() + (args.budget or 1e9), progress=save)
+    save(result)
     return 0
 
 
-def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: int, repeats: int,
+def bench(compiled: list[tuple[str, Path]], prompt_sets, max_new_tokens: int, repeats: int,
           device: str, with_hf: bool, deadline: float = float("inf"), progress=lambda partial: None) -> dict:
-    """The engines and (`with_hf`) HF generate with a dynamic and a static cache, interleaved.
-    `progress` gets what is known so far after each load; HF's static cache, which compiles
-    itself, is left out when less than `STATIC_HF_NEEDS_S` remain before `deadline`."""
+    """The engines and (`with_hf`) HF generate with a static cache, interleaved, on each prompt
+    set in turn: `prompt_sets` maps a set's name to its prompts' token ids, or is a callable
+    that makes that map from the first engine loaded. `progress` gets what is known so far after
+    each load and each set; HF's static cache, which compiles itself, is left out when less than
+    `STATIC_HF_NEEDS_S` remain before `deadline`."""
     import torch
 
     from specc.bench.machine import versions
     from specc.bench.memory import MemoryProbe
-    from specc.data.prompts import load_prompt_set
     from specc.bench.runner import run_interleaved
     from specc.bench.systems import engine_system, hf_system
     from specc.capture.load import load_model
     from specc.engine.loaded import load_engine
 
     engines, load_seconds, notes = {}, {}, []
+    report = {"dtype": "bfloat16", "max_new_tokens": max_new_tokens, "repeats": repeats,
+              "load_seconds": load_seconds, "notes": notes, "sets": {}}
     for name, path in compiled:
         start = time.perf_counter()
         try:
@@ -222,13 +254,14 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
             continue
         load_seconds[name] = round(time.perf_counter() - start, 1)
         print(f"gpu_check: loaded {name} in {load_seconds[name]} s", flush=True)
-        progress({"load_seconds": load_seconds, "notes": notes})
+        progress(report)
     first = next(iter(engines.values()))
-    prompts = [first.encode(p.text) for p in load_prompt_set("code", num_prompts).prompts]
+    report |= {"device": torch.cuda.get_device_name(0) if first.device.type == "cuda" else "cpu",
+               "versions": versions()}
+    prompt_ids = prompt_sets(first) if callable(prompt_sets) else prompt_sets
     systems = []
     if with_hf:
         model = load_model(Path(first.manifest["source_checkpoint"]), "bfloat16").to(device)
-        systems.append(hf_system("hf-greedy", "HF generate, dynamic cache", model, max_new_tokens))
         static = hf_system("hf-static-cache", "HF generate, static cache", model, max_new_tokens,
                            cache_implementation="static")
         if deadline - time.perf_counter() < STATIC_HF_NEEDS_S:
@@ -236,24 +269,38 @@ def bench(compiled: list[tuple[str, Path]], num_prompts: int, max_new_tokens: in
         else:
             try:
                 start = time.perf_counter()
-                static.generate(prompts[0])   # compiles itself on the first call
+                static.generate(next(iter(prompt_ids.values()))[0])   # compiles itself on the first call
                 systems.append(static)
                 load_seconds["hf-static-cache"] = round(time.perf_counter() - start, 1)
             except Exception as exc:   # noqa: BLE001
                 notes.append(f"HF static cache failed: {type(exc).__name__}: {exc}"[:2000])
-        progress({"load_seconds": load_seconds, "notes": notes})
+        progress(report)
     systems += [engine_system(name, f"specc {name}", "engine", engine, max_new_tokens)
                 for name, engine in engines.items()]
-    runs = run_interleaved(systems, prompts, repeats, MemoryProbe(), show_progress=False)
-    summary = summarize(runs, [s.name for s in systems], len(prompts))
-    graphs = {name: {g: {"replays": cg.replays, "captured_shapes": len(cg.graphs),
-                         "uncapturable_shapes": len(cg.uncapturable)} for g, cg in engine.cuda_graphs.items()}
-              for name, engine in engines.items()}
-    name = torch.cuda.get_device_name(0) if first.device.type == "cuda" else "cpu"
-    return {"device": name, "versions": versions(), "dtype": "bfloat16",
-            "prompts": len(prompts), "prompt_set": "code", "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "load_seconds": load_seconds, "notes": notes, "systems": summary, "cuda_graphs": graphs,
-            "runs": [r.to_json() for r in runs]}
+    for set_name, ids in prompt_ids.items():
+        start = time.perf_counter()
+        runs = run_interleaved(systems, ids, repeats, MemoryProbe(), show_progress=False)
+        report["sets"][set_name] = {"prompts": len(ids), "seconds": round(time.perf_counter() - start, 1),
+                                    "systems": summarize(runs, [s.name for s in systems], len(ids)),
+                                    "runs": [r.to_json() for r in runs]}
+        print(f"gpu_check: benchmarked the {set_name} prompts in {report['sets'][set_name]['seconds']} s", flush=True)
+        progress(report)
+    report["cuda_graphs"] = {name: {g: {"replays": cg.replays, "captured_shapes": len(cg.graphs),
+                                        "uncapturable_shapes": len(cg.uncapturable)}
+                                    for g, cg in engine.cuda_graphs.items()}
+                             for name, engine in engines.items()}
+    return report
+
+
+def prompt_sets_from(names: list[str], count: int, max_new_tokens: int):
+    """A `bench` prompt-set maker: the first `count` prompts of each named set, encoded (chat
+    prompts through the chat template) by the first engine loaded."""
+    def encode(engine) -> dict[str, list[list[int]]]:
+        from specc.bench.harness import encode_fitting
+        from specc.data.prompts import load_prompt_set
+
+        return {name: encode_fitting(engine, load_prompt_set(name, count), max_new_tokens)[1] for name in names}
+    return encode
 
 
 def summarize(runs, names: list[str], prompts: int) -> dict:
@@ -301,24 +348,29 @@ def markdown(report: dict) -> str:
         lines.append(f"- compile {step['engine']}: " + (step.get("skipped") or
                                                         f"rc {step['returncode']}, {step['seconds']} s"))
     for group, bench in report["bench"].items():
-        lines += ["", f"## {group}", ""]
-        if "error" in bench:
-            lines.append(f"no benchmark: {bench['error']}; engine load seconds before it stopped: "
-                         f"{bench.get('load_seconds', {})}")
-            continue
-        lines += [f"{bench['device']}; torch {bench['versions'].get('torch')}; {bench['prompts']} `code` prompts x "
-                  f"{bench['max_new_tokens']} new tokens, greedy, batch 1, {bench['repeats']} interleaved repeats; "
-                  f"engine load seconds {bench['load_seconds']}", "",
+        lines += ["", *bench_markdown(group, bench)]
+    return "\n".join(lines) + "\n"
+
+
+def bench_markdown(group: str, bench: dict) -> list[str]:
+    lines = [f"## {group}", ""]
+    if "error" in bench:
+        lines.append(f"benchmark stopped: {bench['error']}")
+    lines.append(f"{bench.get('device', 'device not reached')}; torch {bench.get('versions', {}).get('torch')}; "
+                 f"{bench.get('max_new_tokens')} new tokens, greedy, batch 1, {bench.get('repeats')} interleaved "
+                 f"repeats; load seconds {bench.get('load_seconds', {})}")
+    for set_name, result in bench.get("sets", {}).items():
+        lines += ["", f"### {result['prompts']} `{set_name}` prompts", "",
                   "| system | tok/s median [min-max] | vs specc none | vs HF static | mean accepted length | "
                   "acceptance | identical to none |", "|---|---|---|---|---|---|---|"]
-        for name, entry in bench["systems"].items():
+        for name, entry in result["systems"].items():
             tps = entry["tokens_per_second"]
             lines.append(f"| {name} | {tps['median']} [{tps['min']}-{tps['max']}] | "
                          + " | ".join(_cell(entry.get(key)) for key in ("speedup_over_none", "speedup_over_hf_static",
                                                                          "mean_accepted_length", "acceptance_rate",
                                                                          "identical_to_none")) + " |")
-        lines += [f"- note: {note}" for note in bench["notes"]]
-    return "\n".join(lines) + "\n"
+    lines += [f"- note: {note}" for note in bench.get("notes", [])]
+    return lines
 
 
 def _cell(value) -> str:

@@ -52,7 +52,7 @@ DTYPES = ("bfloat16", "float16")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    parser.add_argument("--quick", action="store_true", help="bfloat16, kv 256, 1024, 4096 and q 1, 16, 64 only")
+    parser.add_argument("--quick", action="store_true", help="bfloat16, kv 512, 1024, 4096 and q 1, 8, 16, 64 only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton's interpreter)")
     parser.add_argument("--compile-only", action="store_true", help="compile the GPU variants; no GPU needed")
     parser.add_argument("--arch", type=int, default=90, help="with --compile-only: the CUDA compute capability")
@@ -94,7 +94,7 @@ def _plan(args) -> dict:
         return {"models": {"tiny": (4, 2, 16)}, "kv": (24,), "rows": (1, 3), "dtypes": ("float32",),
                 "live": (96, 20, 4), "sweep": (21, 4, "bfloat16"), "vocab": 64, "nodes": 4,
                 "splits": (96, (1,), (16, 32))}
-    kv, rows, dtypes = ((256, 1024, 4096), (1, 16, 64), ("bfloat16",)) if args.quick else (KV, ROWS, DTYPES)
+    kv, rows, dtypes = ((512, 1024, 4096), (1, 8, 16, 64), ("bfloat16",)) if args.quick else (KV, ROWS, DTYPES)
     # live: (slots, live tokens, q); sweep: (prefix, largest q, dtype)
     return {"models": MODELS, "kv": kv, "rows": rows, "dtypes": dtypes, "live": (2048, 300, 16),
             "sweep": (1000, 64, "bfloat16"), "vocab": 49152, "nodes": 16,

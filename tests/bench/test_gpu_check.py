@@ -14,7 +14,8 @@ import pytest
 from tests.bench.scripts import BENCHMARKS, load_benchmark
 
 SCRIPT = BENCHMARKS / "gpu_check.sh"
-SETTINGS = ("BUDGET", "KERNELS_BUDGET", "CHECK_GROUPS", "CHECK_DEVICE", "SELECT", "SPECC_GPU_CARRY")
+SETTINGS = ("BUDGET", "KERNELS_BUDGET", "CHECK_GROUPS", "CHECK_DEVICE", "SELECT", "SPECC_GPU_CARRY", "CALL_LIMIT",
+            "PROMPTS", "NEW_TOKENS", "REPEATS", "SPECC_GPU_ENGINE_NAMES")
 
 
 def _carry(root: Path, model: bytes) -> Path:
@@ -34,13 +35,13 @@ def _run_stage(tmp_path: Path, stage: str, *args: str, **env) -> subprocess.Comp
                           timeout=300)
 
 
-def test_kernels_then_smollm2_join_the_halves_and_plan_every_group(tmp_path):
-    """Budget 1 s: the halves are joined and checked, then every compile is skipped by the budget
+def test_stash_then_smollm2_join_the_parts_and_plan_every_group(tmp_path):
+    """Budget 1 s: the parts are joined and checked, then every compile is skipped by the budget
     and recorded, in the groups' order; no group name comes from bash's own GROUPS variable."""
     model = os.urandom(1001)
     carry = _carry(tmp_path, model)
-    kernels = _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
-    assert kernels.returncode == 0, kernels.stderr
+    stash = _run_stage(tmp_path, "stash", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    assert stash.returncode == 0, stash.stderr
     smollm2 = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1", CHECK_DEVICE="cpu")
     assert "unknown group" not in smollm2.stderr
     assert (tmp_path / "keep" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == model
@@ -54,7 +55,7 @@ def test_kernels_then_smollm2_join_the_halves_and_plan_every_group(tmp_path):
 
 def test_check_groups_picks_groups_and_an_unknown_one_is_refused(tmp_path):
     carry = _carry(tmp_path, b"0123456789")
-    _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    _run_stage(tmp_path, "stash", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
     picked = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1", CHECK_GROUPS="kangaroo")
     report = json.loads((tmp_path / "out" / "gpu-check" / "gpu-check.json").read_text())
     assert [step["engine"] for step in report["compiles"]] == ["none-inductor", "kangaroo-inductor"], picked.stderr
@@ -64,7 +65,7 @@ def test_check_groups_picks_groups_and_an_unknown_one_is_refused(tmp_path):
 
 def test_a_corrupt_half_stops_the_smollm2_stage(tmp_path):
     carry = _carry(tmp_path, b"0123456789abcdef")
-    _run_stage(tmp_path, "kernels", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
+    _run_stage(tmp_path, "stash", SPECC_GPU_CARRY=str(carry), KERNELS_BUDGET="1")
     (carry / "part2" / "model.gguf.1").write_bytes(b"corrupted")
     result = _run_stage(tmp_path, "smollm2", SPECC_GPU_CARRY=str(carry), BUDGET="1")
     assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr
