@@ -121,8 +121,9 @@ def _sampling_options(p, max_new_tokens: int | None = 64,
 
 def _load_settings_option(p) -> None:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                   help="change a lookup branch setting of a composable engine as it loads, without "
-                        "recompiling: lookup=true|false, lookup_max_ngram=N, lookup_tokens=N (repeatable)")
+                   help="change a setting the engine's method takes as it loads, without recompiling "
+                        "(`specc methods` marks them 'set at load': the lookup branch's, e.g. lookup=true; "
+                        "a drafter's depth or stopping rule); repeatable")
 
 
 def _add_run(verbs):
@@ -469,7 +470,8 @@ def _methods_text() -> str:
             lines.append("    (no config fields)")
         for f in fields:
             allowed = f" ({f['allowed']})" if f["allowed"] else ""
-            lines.append(f"    {f['name']}: {f['type']} = {f['default']!r}{allowed}  — {f['help']}")
+            at_load = " [set at load]" if f["at_load"] else ""
+            lines.append(f"    {f['name']}: {f['type']} = {f['default']!r}{allowed}{at_load}  — {f['help']}")
     return "\n".join(lines) + "\n"
 
 

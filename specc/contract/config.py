@@ -37,12 +37,16 @@ VERSION_KEY = "version"      # the key `to_json` writes the config's VERSION und
 UNVERSIONED = 1              # the version of a config mapping that records none (written before versions)
 
 
-def option(default, help: str | None = None, **kwargs):
+def option(default, help: str | None = None, *, at_load: bool | None = None, **kwargs):
     """A config field with its help text (shown by `specc methods`) and the values it allows
-    (`at_least`, `at_most`, `above`, `below`, `choices`: `specc.contract.bounds`). Without
-    `help` or bounds, a field that redeclares an option block's field (to change its default)
-    keeps the block's."""
+    (`at_least`, `at_most`, `above`, `below`, `choices`: `specc.contract.bounds`). `at_load`:
+    the field changes no graph, weight or compiled data, only how the runtime drafts, so
+    `specc run/bench/chat/serve --set` may change it when an engine loads. Without `help`,
+    bounds or `at_load`, a field that redeclares an option block's field (to change its
+    default) keeps the block's."""
     metadata = {"help": help, **kwargs} if help is not None else dict(kwargs)
+    if at_load is not None:
+        metadata["at_load"] = at_load
     return field(default=default, metadata=metadata)
 
 
@@ -187,6 +191,18 @@ class MethodConfig:
         return ""
 
     @classmethod
+    def load_time_fields(cls) -> tuple[str, ...]:
+        """The fields an engine may change when it loads (`option(..., at_load=True)`; a field
+        that redeclares a block's keeps the block's choice unless it states its own)."""
+        def at_load(name: str) -> bool:
+            for klass in cls.__mro__:
+                declared = vars(klass).get("__dataclass_fields__", {}).get(name)
+                if declared is not None and "at_load" in declared.metadata:
+                    return declared.metadata["at_load"]
+            return False
+        return tuple(f.name for f in cls.ordered_fields() if at_load(f.name))
+
+    @classmethod
     def field_bounds(cls, name: str) -> Bounds | None:
         """The bounds of field `name`: its own declaration's, else the nearest base's."""
         for klass in cls.__mro__:
@@ -199,14 +215,17 @@ class MethodConfig:
 
     @classmethod
     def describe_fields(cls) -> list[dict]:
-        """Each field's name, type, default, help and allowed values (None: any of its type)."""
+        """Each field's name, type, default, help, allowed values (None: any of its type) and
+        whether an engine may change it when it loads."""
         hints = get_type_hints(cls)
+        at_load = set(cls.load_time_fields())
         described = []
         for f in cls.ordered_fields():
             bounds = cls.field_bounds(f.name)
             described.append({"name": f.name, "type": _type_name(hints[f.name]),
                               "default": f.default if f.default is not MISSING else None,
-                              "help": cls.field_help(f.name), "allowed": bounds.describe() if bounds else None})
+                              "help": cls.field_help(f.name), "allowed": bounds.describe() if bounds else None,
+                              "at_load": f.name in at_load})
         return described
 
 

@@ -61,9 +61,10 @@ class CompositionOptions(OptionBlock):
     engine then builds the branches around the method's drafter (`specc.engine.composition`)."""
 
     lookup: bool = option(False, "also draft the n-gram continuation of the context (prompt lookup) as "
-                                 "another branch of the same tree")
-    lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches", at_least=1, at_most=16)
-    lookup_tokens: int = option(8, "most tokens the lookup and corpus branches draft", at_least=1, at_most=64)
+                                 "another branch of the same tree", at_load=True)
+    lookup_max_ngram: int = option(3, "longest suffix the lookup branch matches", at_least=1, at_most=16, at_load=True)
+    lookup_tokens: int = option(8, "most tokens the lookup and corpus branches draft", at_least=1, at_most=64,
+                                at_load=True)
     lookup_corpus: str = option("", "text the target wrote (comma-separated `specc distill-data` JSONL files, "
                                     "or other JSONL/text files), tokenized into the engine at compile time: "
                                     "its n-gram continuations are another branch of the tree (up to "

@@ -54,21 +54,20 @@ def engine_runtime(method, context, config: MethodConfig) -> MethodRuntime:
     return with_lookup_branches(method.build_runtime(context, config), method.name, config, context.state)
 
 
-LOAD_TIME_FIELDS = ("lookup", "lookup_max_ngram", "lookup_tokens")   # the corpus is tokenized at compile time
-
-
 def with_load_time_settings(config: MethodConfig, method: str, assignments: list[str]) -> MethodConfig:
-    """`config` with the lookup branch settings `assignments` (`key=value`) change: an engine
-    builds its branches when it loads, so these need no recompilation."""
+    """`config` with `assignments` (`key=value`) to fields its class marks `at_load` (the lookup
+    branches', a drafter's depth or stopping rule): they change no graph or weight, so an engine
+    takes them as it loads, without recompiling."""
     if not assignments:
         return config
-    if not isinstance(config, CompositionOptions):
-        raise UsageError(f"method {method!r} has no lookup branches to set when the engine loads; only a method "
-                         f"whose drafter composes takes {', '.join(LOAD_TIME_FIELDS)}")
-    fixed = sorted(set(parse_assignments(assignments)) - set(LOAD_TIME_FIELDS))
+    allowed = config.load_time_fields()
+    if not allowed:
+        raise UsageError(f"method {method!r} has no settings that can change when the engine loads; "
+                         f"recompile with --set")
+    fixed = sorted(set(parse_assignments(assignments)) - set(allowed))
     if fixed:
         raise UsageError(f"{', '.join(fixed)} cannot change when an engine loads (only "
-                         f"{', '.join(LOAD_TIME_FIELDS)} can); recompile with --set")
+                         f"{', '.join(allowed)} can); recompile with --set")
     return config.with_assignments(assignments)
 
 

@@ -165,8 +165,8 @@ class LoadedEngine:
 def load_engine(path: str | Path, backend: str | None = None, device: str | None = None,
                 settings: list[str] = ()) -> LoadedEngine:
     """The engine at `path`, lowered with `backend` (default: the one it was compiled for) on
-    `device` (default `auto`: a CUDA device when present, else the CPU), with the lookup branch
-    `settings` (`key=value`: `engine.composition.LOAD_TIME_FIELDS`) changed from its manifest's."""
+    `device` (default `auto`: a CUDA device when present, else the CPU), with `settings`
+    (`key=value`, fields the method's config marks `at_load`) changed from its manifest's."""
     path = Path(path)
     manifest = read_verified_manifest(path)
     backend = get_backend(backend or manifest["backend"])

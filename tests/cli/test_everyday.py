@@ -158,7 +158,7 @@ def test_load_time_settings_on_an_engine_without_lookup_branches_are_refused(wor
     _, _, engine = workspace
     extra = ["--prompt", "w5"] if verb == "run" else []
     code, _, err = run_cli(capsys, verb, engine, "--set", "lookup=true", *extra)
-    assert code == 2 and "method 'none' has no lookup branches to set when the engine loads" in err, err
+    assert code == 2 and "method 'none' has no settings that can change when the engine loads" in err, err
 
 
 def test_missing_text_corpus_is_an_info_notice_not_a_warning(tmp_path, caplog):

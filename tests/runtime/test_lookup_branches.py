@@ -88,8 +88,33 @@ def test_the_lookup_branch_is_switched_as_an_engine_loads_without_recompiling(co
                              repeating_prompts()[:3], MAX_NEW_TOKENS)
 
 
+def test_a_drafters_depth_and_stopping_rule_change_as_an_engine_loads(composed_engine, one_thread):
+    """draft-model's `num_draft_tokens` and `stop_threshold` change no graph: an engine takes them
+    at load, drafts at most the new depth a round, and stays HF greedy's."""
+    engine, target = composed_engine("draft-model")
+    tuned = load_engine(engine.path, settings=["lookup=false", "num_draft_tokens=2", "stop_threshold=0.4"])
+    assert (tuned.config.num_draft_tokens, tuned.config.stop_threshold) == (2, 0.4)
+    outputs = assert_matches_hf_greedy(lambda ids: tuned.generate_ids(ids, MAX_NEW_TOKENS), target,
+                                       repeating_prompts()[:3], MAX_NEW_TOKENS)
+    rounds = [n for output in outputs for n in output.stats.drafted_per_round]
+    assert rounds and max(rounds) <= 2
+
+
+def test_the_fields_an_engine_may_change_at_load_are_marked_and_listed(capsys):
+    from specc.cli.main import main
+
+    draft_model = get_method("draft-model").config_class
+    assert draft_model.load_time_fields() == ("num_draft_tokens", "stop_threshold", "lookup", "lookup_max_ngram",
+                                              "lookup_tokens")
+    assert "stop_probability" in get_method("eagle").config_class.load_time_fields()
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert "[set at load]" in next(line for line in listing.splitlines() if "stop_threshold: float" in line)
+    assert "[set at load]" not in next(line for line in listing.splitlines() if "draft_vocab_size: int" in line)
+
+
 @pytest.mark.parametrize("settings, message", [
-    (["num_draft_tokens=2"], "num_draft_tokens cannot change when an engine loads"),
+    (["draft_vocab_size=4"], "draft_vocab_size cannot change when an engine loads"),
     (["lookup_tokens=0"], "lookup_tokens"),
     (["lookup_corpus=x.jsonl"], "lookup_corpus cannot change"),
     (["lookup"], "malformed config setting"),
@@ -103,7 +128,7 @@ def test_load_time_settings_other_than_the_lookup_branch_s_are_refused(composed_
 def test_a_method_that_does_not_compose_takes_no_load_time_settings(tmp_path):
     target = build_tiny_checkpoint("llama", tmp_path / "target")
     compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "engine", max_seq_len=32))
-    with pytest.raises(UsageError, match="'none' has no lookup branches"):
+    with pytest.raises(UsageError, match="'none' has no settings that can change when the engine loads"):
         load_engine(tmp_path / "engine", settings=["lookup=true"])
 
 

@@ -22,7 +22,7 @@ class EagleConfig(MethodConfig, CompositionOptions, DistillationOptions, Optimiz
     stop_probability: float = option(0.2, "stop growing the draft once no candidate at its deepest level has "
                                           "a cumulative draft probability of at least this (a step the head is "
                                           "unsure of costs a head call and rarely pays); 0 always grows `depth` "
-                                          "levels", at_least=0, below=1)
+                                          "levels", at_least=0, below=1, at_load=True)
     ttt_steps: int = option(3, "training-time test: draft steps the head is unrolled on its own outputs "
                                "during training", at_least=1, at_most=8)
     draft_vocab_size: int = option(8192, "rows of the draft head's LM head: the most frequent tokens of the "
