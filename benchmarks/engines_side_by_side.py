@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     threads = apply_threads()
     quiet_transformers()
-    engines = [load_engine(path, settings=settings) for path, settings in map(engine_and_settings, args.engines)]
+    engines = load_engines(map(engine_and_settings, args.engines), load_engine)
     peers = _peers(args, engines[0], threads)
     prompt_set = load_prompt_set(args.prompts, args.num_prompts)
     prompts, prompt_ids, notes = encode_fitting(engines[0], prompt_set, args.max_new_tokens)
@@ -125,6 +125,17 @@ def reference_bound(reference, bandwidth, runs, name: str, prompts: int) -> dict
     median = spread(decode).median if decode else None
     return {**bound, "reference_decode_tokens_per_second": median,
             "reference_share_of_bound": median / bound["bound_tokens_per_second"] if median else None}
+
+
+def load_engines(paths_and_settings, load) -> list:
+    """Each engine, loaded once per directory: further settings of one directory are variants
+    sharing its graphs and weights (`LoadedEngine.with_settings`), not another copy in memory."""
+    loaded, engines = {}, []
+    for path, settings in paths_and_settings:
+        if path not in loaded:
+            loaded[path] = load(path)
+        engines.append(loaded[path].with_settings(settings) if settings else loaded[path])
+    return engines
 
 
 def engine_and_settings(argument: str) -> tuple[Path, list[str]]:

@@ -1,24 +1,28 @@
-"""The GPU check: specc's CUDA tests, then SmolLM2-135M-Instruct engines on the GPU against
-Hugging Face `generate` (dynamic and static cache), side by side in one process.
+"""The GPU check: SmolLM2-135M-Instruct engines on a CUDA GPU against Hugging Face `generate`
+with a static cache, side by side in one process, then specc's CUDA tests.
 
-    python benchmarks/gpu_check.py tests   --out DIR [--budget 200]
-    python benchmarks/gpu_check.py smollm2 --gguf FILE.gguf --out DIR [--budget 480]
+    python benchmarks/gpu_check.py bench   --group NAME --engines NAME=DIR ... --out DIR [--hf]
+                                           [--prompt-ids FILE | --prompt-sets code,spec_bench]
+    python benchmarks/gpu_check.py smollm2 --gguf FILE.gguf --out DIR [--budget 480] [--groups ...]
+    python benchmarks/gpu_check.py tests   --out DIR [--budget 200] [--select EXPR]
+    python benchmarks/gpu_check.py prompt-ids --engine DIR --out DIR
 
-(`--device cpu` with any checkpoint as `--gguf` rehearses the script on a CPU.)
+(`--device cpu` rehearses any stage on a CPU.)
 
-`tests` runs `pytest -m gpu` (`--select EXPR` passes `-k EXPR`). `smollm2` works through
-groups in order of what they settle, as far as the budget goes (`--groups` picks some): inductor
-(none, prompt-lookup), kangaroo (beside the inductor `none`), kernels (`none` with `--kernels`
-beside the inductor `none`), eagle (beside the inductor `none`), aoti (none, prompt-lookup,
-kangaroo). Per group it compiles
-the bfloat16 engines for `cuda`, each while the budget leaves room for the group's benchmark
-(`bench_reserve`), then benchmarks them in a process of their own (the inductor group against
-HF `generate` with a dynamic cache and with `cache_implementation="static"`), interleaved on the
-same prompts, and writes
-`DIR/gpu-check.json` and `DIR/gpu-check.md` (kept up to date after every step, so a run cut
-short still reports what finished). Logs go to `DIR/logs/`; every process runs with
-`-X faulthandler`, so a crash leaves its Python stack in the log.
-benchmarks/gpu_check.sh is the wrapper that runs both on a lent GPU machine.
+`bench` loads engines already built (the headline: engines compiled on a CPU and carried,
+benchmarks/gpu_carry.py) and benchmarks them with (`--hf`) HF generate's static cache,
+interleaved on the same prompts, one prompt set after the other (default 8 prompts each of
+`code` and Spec-Bench chat; `--prompt-ids` reads them as token ids, written beforehand by
+`prompt-ids`, so the GPU machine needs neither the shared data nor this Python's standard
+library). `smollm2` compiles on the device and works through groups in order of what they
+settle, as far as the budget goes (`--groups` picks some): inductor (none, prompt-lookup,
+against HF), kangaroo, kernels (`none` with `--kernels`), eagle (each beside the inductor
+`none`), aoti (none, prompt-lookup, kangaroo): per group it compiles the bfloat16 engines for
+`cuda` while the budget leaves room for the group's benchmark (`bench_reserve`), then runs
+`bench` in a process of its own. `tests` runs `pytest -m gpu`. Every step writes its JSON and
+Markdown as it goes, so a run cut short still reports what finished; logs go to `DIR/logs/`,
+every process runs with `-X faulthandler`, so a crash leaves its Python stack in the log.
+benchmarks/gpu_check.sh is the wrapper that runs them on a lent GPU machine.
 """
 
 from __future__ import annotations

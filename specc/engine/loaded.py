@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import time
 from pathlib import Path
@@ -75,17 +76,31 @@ class LoadedEngine:
             architectures={name: self.architecture(name) for name in targets},
             state=manifest.get("method_state", {}), max_seq_len=self.max_seq_len, dtype=self.dtype,
             lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device)
-        try:
-            with _tensor_kind_of_the_warm_up(backend):
-                self.runtime = engine_runtime(self.method, self.context, self.config)
-        except torch.OutOfMemoryError as exc:
-            raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {device}") from None
+        self._build_runtime()
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
         # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
         self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None
+        self._tokenizer = None
+
+    def _build_runtime(self) -> None:
+        """The method's runtime over the loaded graphs, with KV caches of its own."""
+        try:
+            with _tensor_kind_of_the_warm_up(self.backend):
+                self.runtime = engine_runtime(self.method, self.context, self.config)
+        except torch.OutOfMemoryError as exc:
+            raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {self.device}") from None
         self.reuses_prefixes = resumable(self.runtime.target, self.runtime.drafter)
         self._prefix = PrefixReuse()
-        self._tokenizer = None
+
+    def with_settings(self, settings: list[str]) -> "LoadedEngine":
+        """This engine with load-time `settings` (`key=value`) applied to its manifest's config:
+        the same graphs and weights (nothing loads or compiles again), a runtime and KV caches
+        of its own, so the two may take turns generating (a benchmark comparing settings)."""
+        variant = copy.copy(self)
+        variant.config = with_load_time_settings(read_method_config(self.method, self.manifest, self.path),
+                                                 self.method.name, list(settings))
+        variant._build_runtime()
+        return variant
 
     @property
     def drafter(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
@@ -61,3 +62,21 @@ def test_llama_cpp_runs_beside_them_on_the_first_engines_gguf(checkpoints, tmp_p
     assert doc["summary"]["llama.cpp"]["identical_to_reference"] == "0/2"
     assert len(FakeLlama.made) == 2
     assert "| llama.cpp (llama-cpp-python), greedy | model.gguf |" in next(results.glob("*.md")).read_text()
+
+
+def test_settings_of_one_directory_are_variants_of_one_load():
+    """A sweep over load-time settings loads each directory once (a 1.5B engine is several GB)."""
+    script = load_benchmark("engines_side_by_side")
+    loads = []
+
+    class Loaded:
+        def with_settings(self, settings):
+            return ("variant", tuple(settings))
+
+    def load(path):
+        loads.append(path)
+        return Loaded()
+
+    engines = script.load_engines([(Path("a"), []), (Path("a"), ["x=1"]), (Path("b"), ["y=2"])], load)
+    assert loads == [Path("a"), Path("b")]
+    assert isinstance(engines[0], Loaded) and engines[1:] == [("variant", ("x=1",)), ("variant", ("y=2",))]

@@ -13,7 +13,7 @@ from specc.engine.composition import engine_runtime
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
 from specc.runtime.generate import generate
-from specc.testing.checkpoints import assert_matches_hf_greedy, build_tiny_checkpoint, varied_prompts
+from specc.testing.checkpoints import assert_matches_hf_greedy, build_tiny_checkpoint, hf_greedy, varied_prompts
 
 MAX_SEQ_LEN = 96
 MAX_NEW_TOKENS = 24
@@ -98,6 +98,20 @@ def test_a_drafters_depth_and_stopping_rule_change_as_an_engine_loads(composed_e
                                        repeating_prompts()[:3], MAX_NEW_TOKENS)
     rounds = [n for output in outputs for n in output.stats.drafted_per_round]
     assert rounds and max(rounds) <= 2
+
+
+def test_a_variant_with_other_settings_shares_the_graphs_and_takes_turns(composed_engine, one_thread):
+    """`with_settings`: no second load, its own runtime and caches; the engine and its variant
+    generate in turn, each HF greedy's, each drafting as its own settings say."""
+    engine, target = composed_engine("draft-model")
+    variant = engine.with_settings(["lookup=false", "num_draft_tokens=1"])
+    assert variant.context is engine.context and variant.runtime is not engine.runtime
+    assert engine.config.lookup and not variant.config.lookup and engine.config.num_draft_tokens > 1
+    prompts = repeating_prompts()[:3]
+    for ids, want in zip(prompts, hf_greedy(target, prompts, MAX_NEW_TOKENS)):
+        assert engine.generate_ids(ids, MAX_NEW_TOKENS).token_ids == want
+        got = variant.generate_ids(ids, MAX_NEW_TOKENS)
+        assert got.token_ids == want and max(got.stats.drafted_per_round) <= 1
 
 
 def test_the_fields_an_engine_may_change_at_load_are_marked_and_listed(capsys):
