@@ -30,12 +30,12 @@ Everything else follows from it and is derived here:
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from specc.contract.drafter import Draft, DraftBudget
+from specc.contract.drafter import Draft, DraftBudget
+from specc.runtime.exact_chain import exact_chain
+from specc.runtime.masks import rows_in_key_block
 
 EXACT_ROWS = 4   # rows of every reduced-precision call of fewer rows: a decode step verifies 3 drafted tokens for free
 
@@ -76,21 +76,16 @@ def is_lossless(method, config, exact_rows: int | None = None) -> bool:
     return lossless and (method.verifies_draft_rows_only or exact_rows is None)
 
 
-def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> "DraftBudget":
+def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> DraftBudget:
     """What a drafter may propose after `prefix_len` committed tokens with `remaining` tokens
     left to generate: under a cap (`max_rows`, from `exact_rows`), a chain of at most that
     many nodes, root included, whose rows end in the key block the root's row ends in."""
-    from specc.contract.drafter import DraftBudget
-    from specc.runtime.masks import rows_in_key_block
-
     room = max_seq_len - prefix_len
     if max_rows is not None:
         room = min(room, max_rows, rows_in_key_block(prefix_len, max_seq_len))
     return DraftBudget(max_depth=remaining - 1, max_nodes=room, chain_only=max_rows is not None)
 
 
-def verifiable(draft: "Draft", budget: "DraftBudget") -> "Draft":
+def verifiable(draft: Draft, budget: DraftBudget) -> Draft:
     """The part of `draft` the loop verifies: under a chain-only budget its leading chain."""
-    from specc.runtime.exact_chain import exact_chain
-
     return exact_chain(draft) if budget.chain_only else draft
