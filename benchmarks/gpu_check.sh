@@ -99,12 +99,13 @@ join_model() {   # part1 (kept by `stash`) and part2 (carried now) as $KEEP/$MOD
     mv "$KEEP/$MODEL.partial" "$KEEP/$MODEL"
 }
 
-start_kernels_bench() {   # in the background, from a copy of the code (the next call replaces the checkout)
+start_kernels_bench() {   # in a session of its own (it outlives the call), from a copy of the code (the next call
+    # replaces the checkout); `done` holds its exit status once it ends
     mkdir -p "$KEEP/kernels" "$KEEP/code"
     cp -r specc benchmarks "$KEEP/code/"
-    (cd "$KEEP/code" && PYTHONPATH="$KEEP/code" setsid nohup timeout "${KERNELS_BUDGET:-90}" \
-        python benchmarks/kernels_bench.py --quick --out "$KEEP/kernels" > "$KEEP/kernels/kernels-bench.log" 2>&1 \
-        && date +%s > "$KEEP/kernels/done" &) < /dev/null
+    KEEP="$KEEP" setsid nohup bash -c 'cd "$KEEP/code" && PYTHONPATH="$KEEP/code" timeout "$0" \
+        python benchmarks/kernels_bench.py --quick --out "$KEEP/kernels" > "$KEEP/kernels/kernels-bench.log" 2>&1;
+        echo "rc $?" > "$KEEP/kernels/done"' "${KERNELS_BUDGET:-90}" < /dev/null > /dev/null 2>&1 &
 }
 
 collect_kernels_bench() {
