@@ -18,7 +18,6 @@ here or the unpack fails, naming the file.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import struct
 import sys
@@ -83,7 +82,6 @@ def _weight_files(engine: Path) -> list[str]:
 
 def _recipe(weights: Path, source: dict, out: Path) -> Path:
     """`out`/: the header bytes, what fills each tensor, and the tensors the checkpoint lacks."""
-    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -118,17 +116,18 @@ def _row_source(tensor, source: dict) -> dict | None:
     for name, matrix in source.items():
         if matrix.dim() != 2 or matrix.shape[1] != tensor.shape[1]:
             continue
-        index = {_row_bytes(row): i for i, row in enumerate(matrix.to(tensor.dtype))}
-        rows = [index.get(_row_bytes(row)) for row in tensor]
+        index = {_raw_bytes(row): i for i, row in enumerate(matrix.to(tensor.dtype))}
+        rows = [index.get(_raw_bytes(row)) for row in tensor]
         if None not in rows:
             return {"tensor": name, "rows": rows}
     return None
 
 
-def _row_bytes(row) -> bytes:
+def _raw_bytes(tensor) -> bytes:
+    """A tensor's bytes in memory order, as safetensors stores them."""
     import torch
 
-    return row.contiguous().view(torch.uint8).numpy().tobytes()
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _candidates(key: str, source: dict) -> list[str]:
@@ -140,7 +139,6 @@ def _candidates(key: str, source: dict) -> list[str]:
 
 
 def _rebuild(recipe: Path, source: dict, target: Path) -> None:
-    import torch
     from safetensors.torch import load_file
 
     plan = json.loads((recipe / RECIPE).read_text())["from_checkpoint"]
@@ -153,7 +151,7 @@ def _rebuild(recipe: Path, source: dict, target: Path) -> None:
             continue
         tensor = inline[key] if plan[key] is None else _from_checkpoint(plan[key], source, _DTYPES[entry["dtype"]])
         begin, end = entry["data_offsets"]
-        raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        raw = _raw_bytes(tensor)
         if len(raw) != end - begin:
             raise SystemExit(f"gpu_carry: {key} has {len(raw)} bytes, the header wants {end - begin}")
         data[begin:end] = raw
@@ -166,9 +164,11 @@ def _from_checkpoint(recipe: dict, source: dict, dtype):
 
 
 def _check_against_manifest(engine: Path, target: Path) -> None:
+    from specc.engine.format import sha256_file
+
     manifest = json.loads((engine / "manifest.json").read_text())
     want = manifest["files"][target.relative_to(engine).as_posix()]
-    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    digest = sha256_file(target)
     if digest != want:
         target.unlink()
         raise SystemExit(f"gpu_carry: the rebuilt {target} differs from the engine's (sha256 {digest[:12]}, "

@@ -217,7 +217,7 @@ def _add_bench(verbs):
     p = _verb(verbs, "bench", "measure speed and acceptance against plain decoding",
               "  specc bench engines/m\n  specc bench engines/m --prompts spec_bench --num-prompts 8 --json out.json\n"
               "  specc bench engines/m --baseline llama.cpp --max-new-tokens 128\n"
-              "  specc bench engines/kangaroo --set lookup=true     the engine with its lookup branch on\n")
+              "  specc bench engines/m --set lookup=true     the engine with its lookup branch on\n")
     p.add_argument("engine", type=Path, help="engine directory written by `specc compile -o`")
     p.add_argument("--prompts", default="code", help="prompt set name (code, text, spec_bench, gsm8k) or a "
                                                      "JSONL/text file")

@@ -182,36 +182,33 @@ class MethodConfig:
         return own + [by_name[name] for name in block_names if name in by_name]
 
     @classmethod
-    def field_help(cls, name: str) -> str:
-        """The help of field `name`: its own, else the nearest base's (the option block's)."""
+    def _declarations(cls, name: str):
+        """Field `name` as each class declares it, the config's own first, then its bases' (the
+        option blocks') in MRO order: a field redeclared without help, bounds or `at_load`
+        takes them from the nearest declaration that has them."""
         for klass in cls.__mro__:
             declared = vars(klass).get("__dataclass_fields__", {}).get(name)
-            if declared is not None and declared.metadata.get("help"):
-                return declared.metadata["help"]
-        return ""
+            if declared is not None:
+                yield declared
+
+    @classmethod
+    def field_help(cls, name: str) -> str:
+        """The help of field `name`: its own, else the nearest base's (the option block's)."""
+        return next((d.metadata["help"] for d in cls._declarations(name) if d.metadata.get("help")), "")
 
     @classmethod
     def load_time_fields(cls) -> tuple[str, ...]:
         """The fields an engine may change when it loads (`option(..., at_load=True)`; a field
         that redeclares a block's keeps the block's choice unless it states its own)."""
         def at_load(name: str) -> bool:
-            for klass in cls.__mro__:
-                declared = vars(klass).get("__dataclass_fields__", {}).get(name)
-                if declared is not None and "at_load" in declared.metadata:
-                    return declared.metadata["at_load"]
-            return False
+            return next((d.metadata["at_load"] for d in cls._declarations(name) if "at_load" in d.metadata), False)
         return tuple(f.name for f in cls.ordered_fields() if at_load(f.name))
 
     @classmethod
     def field_bounds(cls, name: str) -> Bounds | None:
         """The bounds of field `name`: its own declaration's, else the nearest base's."""
-        for klass in cls.__mro__:
-            declared = vars(klass).get("__dataclass_fields__", {}).get(name)
-            if declared is not None:
-                bounds = Bounds.from_metadata(declared.metadata)
-                if bounds is not None:
-                    return bounds
-        return None
+        declared = (Bounds.from_metadata(d.metadata) for d in cls._declarations(name))
+        return next((bounds for bounds in declared if bounds is not None), None)
 
     @classmethod
     def describe_fields(cls) -> list[dict]:

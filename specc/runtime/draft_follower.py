@@ -38,7 +38,7 @@ class DraftFollower:
         # Row p + 1 holds the feature of position p; row 0, before the first token, stays zeros.
         self.features = (torch.zeros(max_seq_len + 2, feature_size, dtype=dtype, device=device)
                          if feature is not None else None)
-        self.valid = 0                   # positions whose draft-model KV holds the committed token
+        self.valid = 0                   # positions whose drafting model's KV holds the committed token
         self._round_base: int | None = None   # the first position fed past the root this round
         self._fed: list[int] = []        # chain tokens fed at _round_base, _round_base + 1, ...
 

@@ -5,7 +5,8 @@ suffix of the tokens that occurred before (Saxena 2023, prompt lookup
 decoding); with `tree_width` > 1 each depth also offers the other tokens
 that followed the same suffix, most frequent first. Its drafts are
 deterministic, so the loop's point-mass acceptance keeps any sampling
-lossless. The `prompt-lookup` example method drafts with it alone; a
+lossless. A method may draft with it alone (the example in
+`examples/prompt_lookup`); a
 composed drafter (`specc.runtime.compose`) can run it beside a model's.
 """
 
