@@ -86,7 +86,7 @@ def _add_compile(verbs):
                    help="run attention through specc's Triton kernel (specc.kernels; pays off on CUDA only: "
                         "on CPU it computes the PyTorch reference)")
     p.add_argument("--quantize", metavar="SCHEME", default=None,
-                   help="quantization of the model's linear layers (CPU, with --dtype bfloat16): q4 or q8 "
+                   help="quantization of the model's linear layers (CPU, with --dtype bfloat16): q4, q6 or q8 "
                         "(blocks of 32, int8 activations, specc's kernel: the fastest), or weight-only int8 "
                         "(per channel), int4 (groups of 32), int4-g64|g128|g256")
     p.add_argument("--teacher", choices=TEACHERS, default="unquantized",

@@ -32,7 +32,7 @@ rows, because the packaged kernels ran one row slower than two. It is now
 tuned at `NARROW_ROWS_BF16` = 4 and every call of fewer rows runs padded to 4
 (`PaddedRows`), which makes verifying up to 4 rows exact (`exact_rows`). A
 graph whose every linear is quantized pads only its attention rows itself (or,
-under q4/q8, computes them one by one: `passes/use_row_attention.py`) and
+under q4/q6/q8, computes them one by one: `passes/use_row_attention.py`) and
 runs calls as they come (its narrow package serves 1-3 rows: `ALIKE_NARROW_ROWS`):
 a q4 decode step then costs one row's work, not four.
 

@@ -12,7 +12,7 @@ Weights a method added (heads, adapters) keep their dtype: training fills them a
 passes run. Runs on engine graphs after `select_logit_rows`, so the LM head it quantizes
 already computes only the rows asked for.
 
-Under the blocked schemes (`q4`, `q8`), linears reading one input (q/k/v, gate/up) become
+Under the blocked schemes (`q4`, `q6`, `q8`), linears reading one input (q/k/v, gate/up) become
 one matmul over their stacked weights and a slice per linear: each output is the bits its
 own call would give, and the input is quantized, and the threads started, once.
 """

@@ -1,6 +1,6 @@
 """Run a quantized engine's attention through specc's row-by-row CPU kernel.
 
-Under specc's blocked kernels (`quantize_linear_weights`, `q4`/`q8`) each masked
+Under specc's blocked kernels (`quantize_linear_weights`, `q4`/`q6`/`q8`) each masked
 `scaled_dot_product_attention` of every graph of the engine, its segments included (the
 form `insert_kv_cache` leaves: `sdpa(query, keys, values, attn_mask, scale=…,
 enable_gqa=…)` with a boolean mask) becomes `torch.ops.specc.row_attention(query, keys,

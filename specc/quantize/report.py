@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from specc.graph.nodes import attribute
 from specc.graph.serialize import graph_attributes
 from specc.kernels import blocked_matmul as blocked
 from specc.quantize.quality import quantization_quality
 from specc.quantize.schemes import Scheme
 
 PACKED_SUFFIXES = ("_qweight", "_scales", "_scales_and_zeros")   # `quantize_linear_weights`' buffer names
-BLOCKED_SUFFIX = "_blocks"   # q4/q8: scales, mins and values in one tensor
+BLOCKED_SUFFIX = "_blocks"   # q4/q6/q8: scales, mins and values in one tensor
 UNQUANTIZED_BYTES = 2        # per weight: quantized engines are bfloat16
 
 
@@ -20,9 +21,10 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
     with its scales, the bytes it had unquantized in the scales' dtype)."""
     tensors = graph_attributes(gm)
     found = {}
+    bits = blocked_bits(gm)
     for name, packed in tensors.items():
         if name.endswith(BLOCKED_SUFFIX):
-            found[packed.data_ptr()] = _blocked_weight(packed)
+            found[packed.data_ptr()] = _blocked_weight(packed, bits[packed.data_ptr()])
     for name, qweight in tensors.items():
         if not name.endswith("_qweight"):
             continue
@@ -50,10 +52,24 @@ def quantization_report(program, scheme: Scheme, model: torch.nn.Module, tokeniz
     }
 
 
-def _blocked_weight(packed: torch.Tensor) -> tuple[str, int, int]:
-    tiles, blocks, nbytes = packed.shape
-    bits = (nbytes - 4 * blocked.TILE) * 8 // (blocked.TILE * blocked.BLOCK)
-    return f"q{bits}", _bytes(packed), tiles * blocked.TILE * blocks * blocked.BLOCK * UNQUANTIZED_BYTES
+def blocked_bits(gm: fx.GraphModule, inputs: list | None = None) -> dict[int, int]:
+    """The bits of every weight a `specc.blocked_matmul` call of `gm` (segments included) reads,
+    by the weight's data_ptr: the call says them (a tile's bytes alone can fit both 4 and 8)."""
+    values = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs or []))
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            values[node] = attribute(gm, node.target)
+        elif node.op == "call_module":
+            found.update(blocked_bits(gm.get_submodule(node.target), [values.get(arg) for arg in node.args]))
+        elif node.target is torch.ops.specc.blocked_matmul.default and isinstance(values.get(node.args[1]), torch.Tensor):
+            found[values[node.args[1]].data_ptr()] = node.args[2]
+    return found
+
+
+def _blocked_weight(packed: torch.Tensor, bits: int) -> tuple[str, int, int]:
+    inputs = blocked.inputs_of(packed, bits)
+    return f"q{bits}", _bytes(packed), packed.shape[0] * blocked.TILE * inputs * UNQUANTIZED_BYTES
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -1,12 +1,14 @@
 """Quantization schemes of the target's linear weights, and the CPU kernels that read them.
 
-* ``q4``: 4-bit weights in blocks of 32 inputs with an fp16 scale and min each
-  (GGUF Q4_1's format), times activations quantized per row and block to int8
-  (llama.cpp's Q8_0), by specc's own kernel (``torch.ops.specc.blocked_matmul``,
-  AVX-512 VNNI; compiled on first use). The LM head takes ``q8``. A weight whose
-  shape the kernel's tiles do not fit (outputs a multiple of 16, inputs of 32)
-  falls back to ``int8``.
-* ``q8``: the same with 8-bit weights.
+* ``q4``: 4-bit weights in blocks of 32 inputs with a scale and min each (GGUF
+  Q4_1's arithmetic), stored as 8-bit sub-scales of an fp16 scale and min per 8
+  blocks (GGUF's k-quant super-blocks): 4.625 bits a weight. Activations are
+  quantized per row and block to int8 (llama.cpp's Q8_0); specc's own kernel
+  computes it (``torch.ops.specc.blocked_matmul``, AVX-512 VNNI; compiled on first
+  use). The LM head takes ``q6``, as llama.cpp's Q4_K_M keeps it at Q6_K. A weight
+  whose shape the kernel's tiles do not fit (outputs a multiple of 16, inputs of
+  32) falls back to ``int8``.
+* ``q6`` and ``q8``: the same with 6- and 8-bit weights (the LM head in ``q8``).
 
 The weight-only schemes PyTorch ships CPU kernels for (activations in bfloat16):
 
@@ -42,7 +44,7 @@ INT4_GROUPS = (32, 64, 128, 256)
 DEFAULT_INT4_GROUP = 32   # GGUF's 4-bit blocks (Q4_0, Q4_1, Q4_K's sub-blocks) hold 32 weights
 BLOCKED = "blocked"   # specc's kernel: weights in blocks of 32, activations in int8
 WEIGHT_ONLY = "aten"  # PyTorch's weight-only kernels
-SCHEMES = ("q4", "q8", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
+SCHEMES = ("q4", "q6", "q8", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
 INT4_ROWS_MULTIPLE = 16   # output features per block of the CPU int4 packing
 INT4_INNER_K_TILES = 1    # the CPU packing's only layout: two 4-bit values per byte
 
@@ -110,7 +112,8 @@ class Scheme:
 
     def to_json(self) -> dict:
         if self.kernel == BLOCKED:
-            return {"scheme": self.name, "bits": self.bits, "granularity": "blocks of 32 inputs (fp16 scale and min)",
+            return {"scheme": self.name, "bits": self.bits,
+                    "granularity": "blocks of 32 inputs (8-bit scale and min under an fp16 pair per 8 blocks)",
                     "activations": "int8, per row and block of 32", "kernel": "specc.blocked_matmul"}
         return {"scheme": self.name, "bits": self.bits,
                 "granularity": "per output channel" if self.group is None else f"groups of {self.group} inputs"}
@@ -118,12 +121,14 @@ class Scheme:
 
 INT8 = Scheme(8)
 Q4 = Scheme(4, blocked.BLOCK, BLOCKED)
+Q6 = Scheme(6, blocked.BLOCK, BLOCKED)
 Q8 = Scheme(8, blocked.BLOCK, BLOCKED)
+BLOCKED_HEADS = {4: Q6, 6: Q8, 8: Q8}   # the LM head's scheme under each blocked one
 
 
 def parse_scheme(text: str) -> Scheme:
-    """`q4`, `q8`, `int8`, `int4` or `int4-gN` (N one of `INT4_GROUPS`), else a `UsageError` listing them."""
-    named = {"q4": Q4, "q8": Q8, "int8": INT8}
+    """`q4`, `q6`, `q8`, `int8`, `int4` or `int4-gN` (N one of `INT4_GROUPS`), else a `UsageError` listing them."""
+    named = {"q4": Q4, "q6": Q6, "q8": Q8, "int8": INT8}
     if text in named:
         return named[text]
     match = re.fullmatch(r"int4(?:-g(\d+))?", text)
@@ -135,9 +140,9 @@ def parse_scheme(text: str) -> Scheme:
 
 def scheme_for(scheme: Scheme, weight: torch.Tensor, logits: bool = False) -> Scheme:
     """`scheme`, or int4 in the largest smaller group that fits `weight`'s shape, or int8
-    (always int8 for the weight computing the `logits`; `q8` under `q4`, where it fits)."""
+    (always int8 for the weight computing the `logits`; under a blocked scheme `BLOCKED_HEADS`, where it fits)."""
     if scheme.kernel == BLOCKED:
-        chosen = Q8 if logits else scheme
+        chosen = BLOCKED_HEADS[scheme.bits] if logits else scheme
         return chosen if chosen.fits(weight) else INT8
     if scheme.bits == 8 or logits:
         return INT8

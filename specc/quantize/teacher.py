@@ -7,7 +7,7 @@ what a draft has to guess. `round_linear_weights` gives a loaded model every lin
 that `--quantize` packs, rounded through the engine's scheme and back to floating point
 (the same selection and rounding as the engine: `scheme_for`, `Scheme.dequantize`, from the
 engine's dtype), so the captured graphs and every method's passes stay what they are. Under
-`q4`/`q8` the engine also rounds activations to int8 per block; the teacher does not (its
+`q4`/`q6`/`q8` the engine also rounds activations to int8 per block; the teacher does not (its
 graphs would change, and the rounding has no gradient).
 """
 

@@ -25,7 +25,7 @@ def run_cli(capsys, *args):
 @pytest.mark.parametrize("options, words", [
     (["--quantize", "int4"], "needs --dtype bfloat16"),
     (["--quantize", "int4", "--dtype", "bfloat16", "--backend", "onnx"], "runs on the eager, inductor, aoti backends"),
-    (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: q4, q8, int8, int4"),
+    (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: q4, q6, q8, int8, int4"),
 ])
 def test_unservable_requests_are_refused_before_any_work(checkpoint, tmp_path, capsys, options, words):
     code, _, err = run_cli(capsys, "compile", checkpoint, "--method", "none", "-o", tmp_path / "e", *options)
@@ -53,9 +53,9 @@ def test_a_q4_engine_records_its_q4_body_and_q8_head(checkpoint, tmp_path, capsy
     code, out, _ = run_cli(capsys, "compile", checkpoint, "--method", "none", "--dtype", "bfloat16",
                            "--quantize", "q4", "--max-seq-len", "64", "-o", engine)
     record = json.loads((engine / "manifest.json").read_text())["quantization"]
-    assert code == 0 and "quantized q4 (blocks of 32 inputs (fp16 scale and min))" in out
+    assert code == 0 and "quantized q4 (blocks of 32 inputs (8-bit scale and min under an fp16 pair per 8 blocks))" in out
     # 3 layers of q/k/v (stacked), o, gate/up (stacked), down; the head
-    assert record["linear_weights"] == {"q4": 12, "q8": 1} and record["activations"].startswith("int8")
+    assert record["linear_weights"] == {"q4": 12, "q6": 1} and record["activations"].startswith("int8")
     assert record["bytes"]["quantized"] < 0.5 * record["bytes"]["unquantized"]
     code, out, _ = run_cli(capsys, "inspect", engine)
     assert code == 0 and "blocked_matmul" in out

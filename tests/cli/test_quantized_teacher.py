@@ -31,12 +31,12 @@ def kernel_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
     scheme = parse_scheme(name)
     packed = scheme.pack(weight)
     eye = torch.eye(weight.shape[1], dtype=weight.dtype)
-    if name in ("q4", "q8"):
+    if name in ("q4", "q6", "q8"):
         return blocked.reference(eye, packed["blocks"], scheme.bits, weight.shape[0]).T
     return scheme.matmul(eye, packed).float().T
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "int4-g64", "q4", "q8"])
+@pytest.mark.parametrize("name", ["int8", "int4", "int4-g64", "q4", "q6", "q8"])
 def test_a_dequantized_weight_is_what_the_kernel_computes_with(name):
     weight = torch.randn(32, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     dequantized = parse_scheme(name).dequantize(weight)

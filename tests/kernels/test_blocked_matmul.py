@@ -1,4 +1,4 @@
-"""specc.blocked_matmul, the CPU kernel of `--quantize q4|q8`: its layout round-trips, it computes
+"""specc.blocked_matmul, the CPU kernel of `--quantize q4|q6|q8`: its layout round-trips, it computes
 its reference's arithmetic, and each row's result is the same bits whatever else the call holds."""
 
 from __future__ import annotations
@@ -10,30 +10,40 @@ from specc.kernels import blocked_matmul as blocked
 from specc.kernels.cpu import build
 from specc.host.threads import torch_threads
 
-OUT, IN = 96, 160   # six tiles of 16 outputs, five blocks of 32 inputs
+OUT, IN = 96, 160   # six tiles of 16 outputs, five blocks of 32 inputs: one short group
+LONG_IN = 608       # 19 blocks: two groups of 8 and a short one
+BITS_AND_INPUTS = [(bits, inputs) for bits in blocked.BITS for inputs in (IN, LONG_IN)]
 
 
-def _weight(seed: int = 0) -> torch.Tensor:
-    return torch.randn(OUT, IN, generator=torch.Generator().manual_seed(seed)) * 0.05
+def _weight(seed: int = 0, inputs: int = IN) -> torch.Tensor:
+    return torch.randn(OUT, inputs, generator=torch.Generator().manual_seed(seed)) * 0.05
 
 
-def _rows(count: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(count, IN, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+def _rows(count: int, seed: int = 1, inputs: int = IN) -> torch.Tensor:
+    return torch.randn(count, inputs, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("bits", blocked.BITS)
-def test_unpacking_gives_back_each_weight_within_half_a_step_of_its_block(bits):
-    weight = _weight()
+@pytest.mark.parametrize("bits, inputs", BITS_AND_INPUTS)
+def test_unpacking_gives_back_each_weight_within_half_a_step_of_its_block(bits, inputs):
+    weight = _weight(inputs=inputs)
     q, scales, mins = blocked.unpack_blocked(blocked.pack_blocked(weight, bits), bits, OUT)
-    dequantized = (q.float() * scales.float()[..., None] + mins.float()[..., None]).reshape(OUT, IN)
+    dequantized = (q.float() * scales.float()[..., None] + mins.float()[..., None]).reshape(OUT, inputs)
     step = scales.float().repeat_interleave(blocked.BLOCK, dim=1)
     assert q.max() <= (1 << bits) - 1
     assert torch.all((dequantized - weight).abs() <= step / 2 + 1e-3 * weight.abs().amax())
 
 
-@pytest.mark.parametrize("bits", blocked.BITS)
-def test_the_kernel_computes_its_reference(bits):
-    packed, rows = blocked.pack_blocked(_weight(), bits), _rows(7)
+def test_a_weight_takes_its_bits_plus_five_eighths_of_a_bit_in_whole_groups():
+    for bits in blocked.BITS:
+        packed = blocked.pack_blocked(_weight(inputs=512), bits)
+        assert packed.shape == (OUT // blocked.TILE, blocked.tile_bytes(512, bits))
+        assert packed.numel() * 8 / (OUT * 512) == bits + 0.625
+        assert blocked.inputs_of(packed, bits) == 512
+
+
+@pytest.mark.parametrize("bits, inputs", BITS_AND_INPUTS)
+def test_the_kernel_computes_its_reference(bits, inputs):
+    packed, rows = blocked.pack_blocked(_weight(inputs=inputs), bits), _rows(7, inputs=inputs)
     got = torch.ops.specc.blocked_matmul(rows, packed, bits, OUT).float()
     want = blocked.reference(rows, packed, bits, OUT)
     assert torch.allclose(got, want, rtol=1e-2, atol=1e-2 * want.abs().amax().item())
@@ -49,9 +59,9 @@ def test_a_row_is_the_same_bits_in_calls_of_any_size_and_thread_count(bits):
             assert torch.equal(torch.ops.specc.blocked_matmul(rows[-count:], packed, bits, OUT), together[-count:])
 
 
-@pytest.mark.parametrize("bits", blocked.BITS)
-def test_the_portable_path_computes_the_same_bits_as_the_vector_one(bits):
-    packed, rows = blocked.pack_blocked(_weight(), bits), _rows(6)
+@pytest.mark.parametrize("bits, inputs", BITS_AND_INPUTS)
+def test_the_portable_path_computes_the_same_bits_as_the_vector_one(bits, inputs):
+    packed, rows = blocked.pack_blocked(_weight(inputs=inputs), bits), _rows(6, inputs=inputs)
     assert torch.equal(blocked.scalar_blocked_matmul(rows, packed, bits, OUT),
                        torch.ops.specc.blocked_matmul(rows, packed, bits, OUT))
 
@@ -66,13 +76,20 @@ def test_zero_rows_and_a_zero_block_are_computed():
 
 @pytest.mark.parametrize("call, words", [
     (lambda p: torch.ops.specc.blocked_matmul(_rows(2).float(), p, 4, OUT), "bfloat16 rows"),
-    (lambda p: torch.ops.specc.blocked_matmul(_rows(2), p, 5, OUT), "4 or 8 bits"),
+    (lambda p: torch.ops.specc.blocked_matmul(_rows(2), p, 5, OUT), "4, 6 or 8 bits"),
     (lambda p: torch.ops.specc.blocked_matmul(_rows(2), p, 4, OUT + 16), "does not map"),
     (lambda p: torch.ops.specc.blocked_matmul(_rows(2)[:, :128], p, 4, OUT), "does not map"),
 ])
 def test_wrong_arguments_are_refused_with_what_was_given(call, words):
     with pytest.raises(ValueError, match=words):
         call(blocked.pack_blocked(_weight(), 4))
+
+
+def test_a_weight_in_the_earlier_layout_is_refused_with_what_to_do():
+    earlier = torch.zeros(OUT // blocked.TILE, IN // blocked.BLOCK, 4 * blocked.TILE + blocked.TILE * blocked.BLOCK // 2,
+                          dtype=torch.uint8)
+    with pytest.raises(ValueError, match="recompile the engine"):
+        torch.ops.specc.blocked_matmul(_rows(2), earlier, 4, OUT)
 
 
 def test_the_kernel_only_takes_shapes_its_tiles_fit():

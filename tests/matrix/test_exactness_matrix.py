@@ -67,7 +67,7 @@ def assert_exact(result) -> None:
 
 
 # The quantized column (`--quantize`): q4 (specc's kernel), whose blocks of 32 inputs and tiles
-# of 16 outputs the tiny checkpoints' widths divide, so every linear but the LM head (q8) takes
+# of 16 outputs the tiny checkpoints' widths divide, so every linear but the LM head (q6) takes
 # it; PyTorch's int4 and int8 kernels and the compiled backends run with -m slow.
 QUANTIZED = "q4"
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")

@@ -54,7 +54,7 @@ def test_unknown_schemes_are_refused_with_the_choices():
         parse_scheme("int3")
     with pytest.raises(UsageError, match="choose from"):
         parse_scheme("int4-g48")
-    assert {parse_scheme(name).name for name in SCHEMES} == {"q4", "q8", "int8", "int4-g32", "int4-g64", "int4-g128",
+    assert {parse_scheme(name).name for name in SCHEMES} == {"q4", "q6", "q8", "int8", "int4-g32", "int4-g64", "int4-g128",
                                                             "int4-g256"}
     assert parse_scheme("int4") == parse_scheme("int4-g32")
 

@@ -1,12 +1,16 @@
 // Blocked low-bit weights times 8-bit activations on the CPU: the kernel of
 // specc's `q4` and `q8` quantized linears (specc/quantize/blocked.py packs the weights).
 //
-// Weights come in tiles of 16 output features; a tile holds, for each block of
-// 32 inputs, 16 fp16 scales, 16 fp16 mins and the 16 x 32 values q (0..15 or
-// 0..255), w = min + q * scale. Values are laid out so that one 64-byte load
-// gives, for each of the 16 features, 4 consecutive inputs: chunk c (inputs
-// 4c..4c+3) of feature f at bytes [64 c + 4 f, 64 c + 4 f + 4). 4-bit tiles pack
-// chunk c in the low nibbles and chunk c + 4 in the high nibbles of 4 such loads.
+// Weights come in tiles of 16 output features; a tile holds, for each group of
+// up to 8 blocks of 32 inputs, 16 fp16 scales d and 16 fp16 mins m, then per block
+// 16 8-bit sub-scales s and 16 signed 8-bit sub-mins n (padded to 64 bytes), then
+// each block's 16 x 32 values q (0..15, 0..63 or 0..255): w = (d * s) * q + m * n.
+// Values are laid out so that one 64-byte load gives, for each of the 16 features,
+// 4 consecutive inputs: chunk c (inputs 4c..4c+3) of feature f at bytes
+// [64 c + 4 f, 64 c + 4 f + 4). 4-bit blocks pack chunk c in the low nibbles and
+// chunk c + 4 in the high nibbles of 4 such loads; 6-bit blocks hold those low 4 bits
+// of each value, then 2 loads of their top 2 bits, chunk 4 h + s at bits 2 s..2 s + 1
+// of load h.
 // Activations: each row is quantized per block of 32 to int8 with one fp32
 // scale (amax / 127, as llama.cpp's Q8_0).
 // y[r][f] accumulates, block by block, fma(dot(q, qa), scale * a_scale) then
@@ -27,7 +31,9 @@
 namespace {
 
 constexpr int kBlock = 32;
+constexpr int kGroup = 8;   // blocks per group
 constexpr int kTile = 16;
+constexpr int kLine = 64;
 constexpr int kRowTile = 4;
 // How far ahead the weights are requested: into the outer caches from far ahead, so that
 // many lines are in flight, and into L1 from near. On a Xeon the hardware prefetcher alone
@@ -97,7 +103,20 @@ void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out) {
 }
 
 template <int Bits>
-constexpr size_t tile_block_bytes() { return 2 * kTile * 2 + kTile * kBlock * Bits / 8; }
+constexpr size_t block_value_bytes() { return kTile * kBlock * Bits / 8; }
+
+// A group of `blocks` blocks: fp16 scales and mins, sub-scales and sub-mins, padded to a line.
+inline size_t header_bytes(int blocks) { return 4 * kTile + (2 * kTile * blocks + kLine - 1) / kLine * kLine; }
+
+template <int Bits>
+size_t group_bytes(int blocks) { return header_bytes(blocks) + blocks * block_value_bytes<Bits>(); }
+
+template <int Bits>
+size_t tile_bytes(int blocks) {
+    size_t bytes = 0;
+    for (int first = 0; first < blocks; first += kGroup) bytes += group_bytes<Bits>(std::min(kGroup, blocks - first));
+    return bytes;
+}
 
 // The value of input i of feature f in one tile-block's values.
 template <int Bits>
@@ -105,36 +124,57 @@ inline int value_at(const uint8_t* values, int f, int i) {
     const int chunk = i / 4, e = i % 4;
     if (Bits == 8) return values[64 * chunk + 4 * f + e];
     const uint8_t byte = values[64 * (chunk % 4) + 4 * f + e];
-    return chunk < 4 ? (byte & 0x0f) : (byte >> 4);
+    const int low = chunk < 4 ? (byte & 0x0f) : (byte >> 4);
+    if (Bits == 4) return low;
+    const uint8_t top = values[256 + 64 * (chunk / 4) + 4 * f + e];
+    return low | (((top >> (2 * (chunk % 4))) & 3) << 4);
 }
 
 template <int Bits>
 void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, int k,
                       int r0, int count, float (*acc)[kTile]) {
     for (int r = 0; r < count; ++r) std::fill(acc[r], acc[r] + kTile, 0.f);
-    for (int b = 0; b < blocks; ++b) {
-        const uint8_t* base = tile + static_cast<size_t>(b) * tile_block_bytes<Bits>();
+    const uint8_t* group = tile;
+    for (int first = 0; first < blocks; first += kGroup) {
+        const int size = std::min(kGroup, blocks - first);
         uint16_t scale_bits[kTile], min_bits[kTile];
-        std::memcpy(scale_bits, base, sizeof scale_bits);
-        std::memcpy(min_bits, base + 2 * kTile, sizeof min_bits);
-        const uint8_t* values = base + 4 * kTile;
-        for (int r = 0; r < count; ++r) {
-            const size_t row = static_cast<size_t>(r0 + r);
-            const int8_t* qa = a.values.data() + row * k + b * kBlock;
-            const float a_scale = a.scales[row * blocks + b], a_sum = a.sums[row * blocks + b];
-            for (int f = 0; f < kTile; ++f) {
-                int dot = 0;
-                for (int i = 0; i < kBlock; ++i) dot += value_at<Bits>(values, f, i) * qa[i];
-                const float scale = fp16_to_float(scale_bits[f]) * a_scale;
-                acc[r][f] = std::fma(static_cast<float>(dot), scale, acc[r][f]);
-                acc[r][f] = std::fma(fp16_to_float(min_bits[f]), a_sum, acc[r][f]);
+        std::memcpy(scale_bits, group, sizeof scale_bits);
+        std::memcpy(min_bits, group + 2 * kTile, sizeof min_bits);
+        const uint8_t* sub_scales = group + 4 * kTile;
+        const int8_t* sub_mins = reinterpret_cast<const int8_t*>(group + 4 * kTile + kTile * size);
+        for (int j = 0; j < size; ++j) {
+            const int b = first + j;
+            const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
+            for (int r = 0; r < count; ++r) {
+                const size_t row = static_cast<size_t>(r0 + r);
+                const int8_t* qa = a.values.data() + row * k + b * kBlock;
+                const float a_scale = a.scales[row * blocks + b], a_sum = a.sums[row * blocks + b];
+                for (int f = 0; f < kTile; ++f) {
+                    int dot = 0;
+                    for (int i = 0; i < kBlock; ++i) dot += value_at<Bits>(values, f, i) * qa[i];
+                    const float scale = fp16_to_float(scale_bits[f]) * static_cast<float>(sub_scales[kTile * j + f]);
+                    const float min = fp16_to_float(min_bits[f]) * static_cast<float>(sub_mins[kTile * j + f]);
+                    acc[r][f] = std::fma(static_cast<float>(dot), scale * a_scale, acc[r][f]);
+                    acc[r][f] = std::fma(min, a_sum, acc[r][f]);
+                }
             }
         }
+        group += group_bytes<Bits>(size);
     }
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr bool kVector = true;
+
+// The lines of this block's share of its group requested ahead: the far distance into the outer
+// caches, the near one into L1.
+inline void prefetch_share(const uint8_t* group, size_t bytes, int size, int j) {
+    const size_t begin = bytes * j / size / kLine * kLine, end = bytes * (j + 1) / size / kLine * kLine;
+    for (size_t line = begin; line < end; line += kLine) {
+        _mm_prefetch(reinterpret_cast<const char*>(group + kFarPrefetchBytes + line), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(group + kNearPrefetchBytes + line), _MM_HINT_T0);
+    }
+}
 
 template <int Bits, int Count>
 void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0,
@@ -142,34 +182,53 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     __m512 acc[Count];
     for (int r = 0; r < Count; ++r) acc[r] = _mm512_setzero_ps();
     const __m512i low_mask = _mm512_set1_epi8(0x0f);
-    for (int b = 0; b < blocks; ++b) {
-        const uint8_t* base = tile + static_cast<size_t>(b) * tile_block_bytes<Bits>();
-        for (size_t line = 0; line < tile_block_bytes<Bits>(); line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(base + kFarPrefetchBytes + line), _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char*>(base + kNearPrefetchBytes + line), _MM_HINT_T0);
-        }
-        const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base)));
-        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * kTile)));
-        const uint8_t* values = base + 4 * kTile;
-        __m512i w[8];
-        if (Bits == 4) {
-            for (int c = 0; c < 4; ++c) {
-                const __m512i v = _mm512_loadu_si512(values + 64 * c);
-                w[c] = _mm512_and_si512(v, low_mask);
-                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+    const uint8_t* group = tile;
+    for (int first = 0; first < blocks; first += kGroup) {
+        const int size = std::min(kGroup, blocks - first);
+        const size_t bytes = group_bytes<Bits>(size);
+        const __m512 group_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group)));
+        const __m512 group_mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 2 * kTile)));
+        const uint8_t* sub_scales = group + 4 * kTile;
+        const uint8_t* sub_mins = sub_scales + kTile * size;
+        for (int j = 0; j < size; ++j) {
+            const int b = first + j;
+            prefetch_share(group, bytes, size, j);
+            const __m512 scales = _mm512_mul_ps(group_scales, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub_scales + kTile * j)))));
+            const __m512 mins = _mm512_mul_ps(group_mins, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub_mins + kTile * j)))));
+            const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
+            __m512i w[8];
+            if (Bits == 4 || Bits == 6) {
+                for (int c = 0; c < 4; ++c) {
+                    const __m512i v = _mm512_loadu_si512(values + 64 * c);
+                    w[c] = _mm512_and_si512(v, low_mask);
+                    w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+                }
+                if (Bits == 6) {
+                    const __m512i two_bits = _mm512_set1_epi8(3);
+                    for (int h = 0; h < 2; ++h) {
+                        const __m512i top = _mm512_loadu_si512(values + 256 + 64 * h);
+                        for (int s = 0; s < 4; ++s) {
+                            const __m512i high = _mm512_and_si512(_mm512_srli_epi16(top, 2 * s), two_bits);
+                            w[4 * h + s] = _mm512_or_si512(w[4 * h + s], _mm512_slli_epi16(high, 4));
+                        }
+                    }
+                }
+            } else {
+                for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(values + 64 * c);
             }
-        } else {
-            for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(values + 64 * c);
+            for (int r = 0; r < Count; ++r) {
+                const size_t row = static_cast<size_t>(r0 + r);
+                const int32_t* qa = reinterpret_cast<const int32_t*>(a.values.data() + row * k + b * kBlock);
+                __m512i dot = _mm512_setzero_si512();
+                for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], _mm512_set1_epi32(qa[c]));
+                const __m512 scale = _mm512_mul_ps(scales, _mm512_set1_ps(a.scales[row * blocks + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+                acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(a.sums[row * blocks + b]), acc[r]);
+            }
         }
-        for (int r = 0; r < Count; ++r) {
-            const size_t row = static_cast<size_t>(r0 + r);
-            const int32_t* qa = reinterpret_cast<const int32_t*>(a.values.data() + row * k + b * kBlock);
-            __m512i dot = _mm512_setzero_si512();
-            for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], _mm512_set1_epi32(qa[c]));
-            const __m512 scale = _mm512_mul_ps(scales, _mm512_set1_ps(a.scales[row * blocks + b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(a.sums[row * blocks + b]), acc[r]);
-        }
+        group += bytes;
     }
     for (int r = 0; r < Count; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
@@ -206,7 +265,7 @@ void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, ui
     QuantizedRows a;
     quantize_rows(x, rows, k, a);
     const int blocks = k / kBlock;
-    const size_t tile_bytes = static_cast<size_t>(blocks) * tile_block_bytes<Bits>();
+    const size_t stride = tile_bytes<Bits>(blocks);
     const int tiles = n / kTile;
 #pragma omp parallel
     {
@@ -214,9 +273,9 @@ void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, ui
         const int share = tiles / threads, longer = tiles % threads;   // omp's static schedule, by hand
         const int first = thread * share + std::min(thread, longer);
         const int last = first + share + (thread < longer ? 1 : 0);
-        request_ahead(weight + first * tile_bytes, std::min<size_t>((last - first) * tile_bytes, kFarPrefetchBytes));
+        request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kFarPrefetchBytes));
         for (int t = first; t < last; ++t) {
-            const uint8_t* tile = weight + t * tile_bytes;
+            const uint8_t* tile = weight + t * stride;
             for (int r0 = 0; r0 < rows; r0 += kRowTile) {
                 const int count = std::min(kRowTile, rows - r0);
                 float out[kRowTile][kTile];
@@ -241,13 +300,24 @@ extern "C" {
 // 1 when this build has the AVX-512 VNNI path, 0 when every call runs the scalar one.
 int specc_blocked_matmul_vectorized() { return kVector ? 1 : 0; }
 
+// Bytes of one tile of 16 output features over k inputs at `bits` (0 when k or bits do not fit).
+long long specc_blocked_tile_bytes(int k, int bits) {
+    if (k <= 0 || k % kBlock != 0) return 0;
+    if (bits == 4) return static_cast<long long>(tile_bytes<4>(k / kBlock));
+    if (bits == 6) return static_cast<long long>(tile_bytes<6>(k / kBlock));
+    if (bits == 8) return static_cast<long long>(tile_bytes<8>(k / kBlock));
+    return 0;
+}
+
 // y[rows, n] (bf16) = x[rows, k] (bf16) times the transpose of a [n, k] weight packed in
-// `bits` (4 or 8) as above; n a multiple of 16, k of 32. `scalar` forces the portable path.
+// `bits` (4, 6 or 8) as above; n a multiple of 16, k of 32. `scalar` forces the portable path.
 int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
                          uint16_t* y, int scalar) {
     if (n % kTile != 0 || k % kBlock != 0 || rows < 0) return 1;
     if (bits == 4) {
         matmul<4>(x, rows, k, weight, n, y, scalar != 0);
+    } else if (bits == 6) {
+        matmul<6>(x, rows, k, weight, n, y, scalar != 0);
     } else if (bits == 8) {
         matmul<8>(x, rows, k, weight, n, y, scalar != 0);
     } else {

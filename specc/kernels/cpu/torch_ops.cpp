@@ -15,6 +15,7 @@
 
 extern "C" int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
                                     uint16_t* y, int scalar);
+extern "C" long long specc_blocked_tile_bytes(int k, int bits);
 extern "C" int specc_row_attention(const void* query, const int64_t* query_strides, const void* keys,
                                    const int64_t* key_strides, const void* values, const int64_t* value_strides,
                                    const bool* mask, const int64_t* mask_strides, int batch, int heads, int kv_heads,
@@ -29,13 +30,17 @@ constexpr int64_t kBlock = 32, kTile = 16;
 at::Tensor blocked_matmul(const at::Tensor& rows_in, const at::Tensor& packed_in, int64_t bits, int64_t out_features) {
     TORCH_CHECK_VALUE(rows_in.dim() == 2 && rows_in.scalar_type() == at::kBFloat16,
                 "blocked_matmul takes bfloat16 rows [n, in], got ", rows_in.scalar_type(), " ", rows_in.sizes());
-    TORCH_CHECK_VALUE((bits == 4 || bits == 8) && packed_in.scalar_type() == at::kByte && packed_in.dim() == 3,
-                "blocked_matmul takes a uint8 weight [out/16, in/32, bytes] of 4 or 8 bits, got ",
+    TORCH_CHECK_VALUE(packed_in.dim() != 3,
+                "blocked_matmul: this weight is in the layout of specc before 2026-11-30 (an fp16 scale and min "
+                "per block, [out/16, in/32, bytes]); recompile the engine with this specc");
+    TORCH_CHECK_VALUE((bits == 4 || bits == 6 || bits == 8) && packed_in.scalar_type() == at::kByte
+                    && packed_in.dim() == 2,
+                "blocked_matmul takes a uint8 weight [out/16, bytes per tile] of 4, 6 or 8 bits, got ",
                 packed_in.scalar_type(), " ", packed_in.sizes(), " at ", bits, " bits");
-    const int64_t tiles = packed_in.size(0), blocks = packed_in.size(1), bytes = packed_in.size(2);
-    TORCH_CHECK_VALUE(tiles * kTile == out_features && blocks * kBlock == rows_in.size(1)
-                    && bytes == 4 * kTile + kTile * kBlock * bits / 8,
-                "blocked_matmul: a weight of ", tiles, " tiles x ", blocks, " blocks x ", bytes,
+    const int64_t tiles = packed_in.size(0), bytes = packed_in.size(1);
+    TORCH_CHECK_VALUE(tiles * kTile == out_features && rows_in.size(1) % kBlock == 0
+                    && bytes == specc_blocked_tile_bytes(static_cast<int>(rows_in.size(1)), static_cast<int>(bits)),
+                "blocked_matmul: a weight of ", tiles, " tiles x ", bytes,
                 " bytes does not map ", rows_in.size(1), " inputs to ", out_features, " outputs at ", bits, " bits");
     const at::Tensor rows = rows_in.contiguous(), packed = packed_in.contiguous();
     at::Tensor out = at::empty({rows.size(0), out_features}, rows.options());
