@@ -131,6 +131,8 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
         settings.append(f"draft_model={draft}")
     if cell.method in TRAINED:
         settings.append(f"calib_data={calib}")
+    if cell.method == "prompt-lookup":   # a random model's own context rarely repeats; text it wrote does
+        settings.append(f"lookup_corpus={calib}")
     if cell.lookup:
         settings += ["lookup=true", "lookup_max_ngram=2"]
     compile_engine(CompileRequest(model=str(target), method=cell.method, output=output, backend=cell.backend,
