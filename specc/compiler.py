@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from specc.capture.export import capture
+from specc.capture.gguf import converted_head_type
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
 from specc.console.progress import StageReporter, progress_bar, ticking
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
@@ -32,7 +33,7 @@ from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.passes.use_row_attention import UseRowAttention
 from specc.quantize.report import quantization_report
-from specc.quantize.schemes import BLOCKED, Scheme, parse_scheme
+from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
 from specc.runtime.exactness import EXACT_ROWS, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
@@ -134,7 +135,7 @@ def compile_engine(request: CompileRequest) -> dict:
     if lookup_corpus_requested(config):
         with progress.stage("tokenizing the lookup corpus"):
             method_state = {**method_state, **lookup_corpus_state(config, tokenizer)}
-    scheme = parse_scheme(request.quantize) if request.quantize else None
+    scheme = engine_scheme(request, checkpoint)
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None,
@@ -193,7 +194,7 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
     if quantized_teacher:
         with progress.stage(f"rounding the teacher's weights through {request.quantize}"):
             for model in train_models.values():
-                round_linear_weights(model, parse_scheme(request.quantize), getattr(torch, request.dtype))
+                round_linear_weights(model, engine_scheme(request, checkpoint), getattr(torch, request.dtype))
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
         context = training_context(train_models, method, config, request.max_seq_len, kernels=request.kernels,
                                    captures=train_captures, device=device, engine_backend=request.backend,
@@ -207,6 +208,13 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
         probe = matmul_seconds((request.dtype, "float32"), hidden, device)
         report["matmul_ms"] = {name: round(seconds * 1e3, 4) for name, seconds in probe.items()}
     return trained, report
+
+
+def engine_scheme(request: CompileRequest, checkpoint) -> Scheme | None:
+    """`--quantize`'s scheme, with the LM head at the bits the checkpoint's GGUF allows (`head_bits_for`)."""
+    if not request.quantize:
+        return None
+    return head_bits_for(parse_scheme(request.quantize), converted_head_type(checkpoint))
 
 
 def _load_sources(method, config, checkpoint, dtype: str) -> dict:

@@ -34,7 +34,8 @@ SUPPORTED_TENSOR_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
 )
 MARKER_FILE = "specc_gguf.json"     # written into every conversion; names the source and its sha256
-CONVERTER_VERSION = 1               # part of the marker: bump when the output changes for the same file
+CONVERTER_VERSION = 2               # part of the marker: bump when the output changes for the same file
+HEAD_TENSORS = ("output.weight", "token_embd.weight")   # the LM head's matrix: its own, else the tied embedding
 _CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -43,6 +44,7 @@ class GGUFInfo:
     architecture: str
     tensor_types: tuple[str, ...]   # distinct types, most common first
     name: str | None
+    head_type: str | None = None    # the type the file stores the LM head's matrix in
 
 
 def gguf_cache_dir() -> Path:
@@ -77,7 +79,9 @@ def read_gguf_info(path: Path) -> GGUFInfo:
     for tensor in reader.tensors:
         counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
     types = tuple(sorted(counts, key=lambda t: -counts[t]))
-    return GGUFInfo(architecture, types, _string_field(reader, "general.name"))
+    by_name = {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
+    head_type = next((by_name[name] for name in HEAD_TENSORS if name in by_name), None)
+    return GGUFInfo(architecture, types, _string_field(reader, "general.name"), head_type)
 
 
 def check_gguf_supported(path: Path, info: GGUFInfo) -> None:
@@ -92,6 +96,15 @@ def check_gguf_supported(path: Path, info: GGUFInfo) -> None:
             f"unsupported GGUF quantization type {', '.join(unsupported)} in {path.name}: specc dequantizes "
             f"{', '.join(SUPPORTED_TENSOR_TYPES)}; pass a GGUF file quantized with one of these"
         )
+
+
+def converted_head_type(directory: str | Path) -> str | None:
+    """The GGUF type the LM head was stored in, for a checkpoint converted from a GGUF file
+    (None for any other checkpoint)."""
+    try:
+        return json.loads((Path(directory) / MARKER_FILE).read_text()).get("head_type")
+    except (OSError, ValueError):
+        return None
 
 
 def cached_conversion(directory: Path, sha256: str) -> bool:
@@ -170,6 +183,7 @@ def _write_checkpoint(path: Path, info: GGUFInfo, sha256: str, out: Path) -> Non
         "architecture": info.architecture,
         "model_type": config.model_type,
         "tensor_types": list(info.tensor_types),
+        "head_type": info.head_type,   # `--quantize q4` keeps the LM head at 6 bits only where this has at most 6
         "general_name": info.name,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
         "converter_version": CONVERTER_VERSION,

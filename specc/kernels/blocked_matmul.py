@@ -73,10 +73,13 @@ def pack_blocked(weight: torch.Tensor, bits: int) -> torch.Tensor:
 
 def _pack_group(grouped: torch.Tensor, tiles: int, levels: int, bits: int) -> torch.Tensor:
     """One group's bytes per tile: its two-level scales and mins, then its blocks' values. Mins
-    round down and scales up, so each block's grid still spans the block's values."""
+    round to their nearest sub-min (a lower value is at most half a sub-min step below level 0)
+    and scales up, so each block's grid reaches its largest value. Rounding mins down instead
+    shifted a 4-bit GGUF's own grid by up to a step: SmolLM2's Q4_1 weights lost 2.2 points of
+    top-1 agreement that way, against 0.4 with nearest mins."""
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
     min_scale = _fp16_scale(low.abs().amax(dim=1) / SUB_MINS)
-    sub_mins = torch.floor(low / _nonzero(min_scale)[:, None]).clamp(-SUB_MINS, SUB_MINS)
+    sub_mins = torch.round(low / _nonzero(min_scale)[:, None]).clamp(-SUB_MINS, SUB_MINS)
     mins = min_scale.float()[:, None] * sub_mins
     span = (high - mins).clamp(min=0) / levels
     scale = _fp16_scale(span.amax(dim=1) / SUB_SCALES)

@@ -13,7 +13,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from specc.capture import gguf as gguf_input  # noqa: E402
-from specc.capture.gguf import MARKER_FILE, convert_gguf, file_sha256  # noqa: E402
+from specc.capture.gguf import MARKER_FILE, convert_gguf, converted_head_type, file_sha256  # noqa: E402
 from specc.capture.load import load_model, load_tokenizer, resolve_checkpoint  # noqa: E402
 from specc.data.chat import chat_prompt_ids  # noqa: E402
 from specc.cli.main import main as cli_main  # noqa: E402
@@ -135,6 +135,13 @@ def test_conversion_is_a_checkpoint_equal_to_transformers_gguf_load(tiny, cache)
     ids = torch.tensor([[5, 80, 120, 7]])
     greedy = dict(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(direct.generate(ids, **greedy), converted.generate(ids, **greedy))
+
+
+def test_a_conversion_records_the_type_its_lm_head_was_stored_in(tiny, tmp_path):
+    assert converted_head_type(tiny[1]) == "Q8_0"    # tied: the embedding table's type
+    four_bit = convert_gguf(write_tiny_gguf(tmp_path / "tiny.Q4_0.gguf", qtype="Q4_0"), progress=False)
+    assert converted_head_type(four_bit) == "Q4_0"
+    assert converted_head_type(tmp_path) is None       # no conversion marker: not from a GGUF
 
 
 def test_a_conversion_parses_the_file_once_and_builds_one_name_map(tiny, tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def test_a_q4_engine_records_its_q4_body_and_q8_head(checkpoint, tmp_path, capsy
     record = json.loads((engine / "manifest.json").read_text())["quantization"]
     assert code == 0 and "quantized q4 (blocks of 32 inputs (8-bit scale and min under an fp16 pair per 8 blocks))" in out
     # 3 layers of q/k/v (stacked), o, gate/up (stacked), down; the head
-    assert record["linear_weights"] == {"q4": 12, "q6": 1} and record["activations"].startswith("int8")
+    assert record["linear_weights"] == {"q4": 12, "q8": 1} and record["activations"].startswith("int8")
     assert record["bytes"]["quantized"] < 0.5 * record["bytes"]["unquantized"]
     code, out, _ = run_cli(capsys, "inspect", engine)
     assert code == 0 and "blocked_matmul" in out

@@ -16,7 +16,7 @@ from specc.methods.swift.insert_skip_branches import InsertSkipBranches
 from specc.passes.manager import run_passes
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.quantize.report import quantized_weights
-from specc.quantize.schemes import INT8, SCHEMES, Scheme, parse_scheme, scheme_for
+from specc.quantize.schemes import INT8, SCHEMES, Scheme, head_bits_for, parse_scheme, scheme_for
 from specc.testing.checkpoints import captured_tiny, empty_caches, run_cached_steps
 
 aten = torch.ops.aten
@@ -57,6 +57,18 @@ def test_unknown_schemes_are_refused_with_the_choices():
     assert {parse_scheme(name).name for name in SCHEMES} == {"q4", "q6", "q8", "int8", "int4-g32", "int4-g64", "int4-g128",
                                                             "int4-g256"}
     assert parse_scheme("int4") == parse_scheme("int4-g32")
+
+
+def test_a_q4_head_takes_6_bits_only_where_its_gguf_stored_it_in_6_or_fewer():
+    q4, head = parse_scheme("q4"), torch.zeros(64, 96)
+    assert scheme_for(q4, head, logits=True).name == "q8"
+    for stored in ("Q6_K", "Q4_K", "Q4_1", "Q5_0"):
+        assert scheme_for(head_bits_for(q4, stored), head, logits=True).name == "q6"
+        assert scheme_for(head_bits_for(q4, stored), head).name == "q4"     # only the head changes
+    for stored in ("Q8_0", "F16", "BF16", "F32", None):   # None: not converted from a GGUF
+        assert head_bits_for(q4, stored) == q4
+    assert head_bits_for(parse_scheme("q8"), "Q4_K") == parse_scheme("q8")
+    assert head_bits_for(parse_scheme("int4"), "Q4_K") == parse_scheme("int4")
 
 
 @pytest.fixture(scope="module")
