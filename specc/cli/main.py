@@ -230,7 +230,7 @@ def _add_bench(verbs):
                    help="encode conversational prompts (Spec-Bench turns) as plain text, not chat-formatted")
     p.add_argument("--baseline", action="append", default=[], metavar="SYSTEM",
                    help="also run another engine as a baseline (repeatable): llama.cpp runs the engine's source "
-                        "GGUF, plain and with its prompt lookup (needs pip install 'specc[peers]')")
+                        "GGUF, plain and with its own n-gram lookup decoding (needs pip install 'specc[peers]')")
     p.add_argument("--gguf", type=Path, metavar="FILE",
                    help="the GGUF file --baseline llama.cpp runs (default: the one the engine was compiled from)")
     _device_option(p, "the engine and its baselines run (an aoti engine: where it was compiled for)")

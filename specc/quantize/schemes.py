@@ -58,7 +58,7 @@ class Scheme:
     bits: int
     group: int | None = None
     kernel: str = WEIGHT_ONLY
-    head_bits: int | None = None   # a blocked scheme's LM head, where not `BLOCKED_HEADS`' choice
+    head_bits: int | None = None   # a blocked scheme's LM head, where not q8
 
     @property
     def name(self) -> str:
@@ -125,7 +125,6 @@ INT8 = Scheme(8)
 Q4 = Scheme(4, blocked.BLOCK, BLOCKED)
 Q6 = Scheme(6, blocked.BLOCK, BLOCKED)
 Q8 = Scheme(8, blocked.BLOCK, BLOCKED)
-BLOCKED_HEADS = {4: Q8, 6: Q8, 8: Q8}   # the LM head's scheme under each blocked one
 # GGUF types of 6 bits a weight or fewer: a head stored in one loses nothing more at q6 than at q8
 # beyond the re-rounding both do.
 SIX_BIT_OR_FEWER = {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"}
@@ -155,9 +154,9 @@ def parse_scheme(text: str) -> Scheme:
 def scheme_for(scheme: Scheme, weight: torch.Tensor, logits: bool = False) -> Scheme:
     """`scheme`, or int4 in the largest smaller group that fits `weight`'s shape, or int8
     (always int8 for the weight computing the `logits`; under a blocked scheme its `head_bits`
-    or `BLOCKED_HEADS`, where it fits)."""
+    or else `q8`, where it fits)."""
     if scheme.kernel == BLOCKED:
-        head = Scheme(scheme.head_bits, blocked.BLOCK, BLOCKED) if scheme.head_bits else BLOCKED_HEADS[scheme.bits]
+        head = Scheme(scheme.head_bits, blocked.BLOCK, BLOCKED) if scheme.head_bits else Q8
         chosen = head if logits else scheme
         return chosen if chosen.fits(weight) else INT8
     if scheme.bits == 8 or logits:

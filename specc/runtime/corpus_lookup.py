@@ -1,6 +1,6 @@
 """The corpus drafter: n-gram continuations from text the target wrote elsewhere.
 
-Prompt lookup (`specc.runtime.ngram`) copies from the context, which holds
+The n-gram drafter (`specc.runtime.ngram`) copies from the context, which holds
 nothing to copy at the start of a reply or in open-ended chat. What the target
 wrote in other conversations (`specc distill-data` output) holds its stock
 phrases, list markup and closing formulas. This drafter indexes such a corpus

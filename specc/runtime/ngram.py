@@ -1,12 +1,11 @@
-"""The n-gram (prompt lookup) drafter: pure Python over the token list, no model calls.
+"""The n-gram drafter: pure Python over the token list, no model calls.
 
 It drafts the continuation of the latest earlier occurrence of the longest
-suffix of the tokens that occurred before (Saxena 2023, prompt lookup
-decoding); with `tree_width` > 1 each depth also offers the other tokens
-that followed the same suffix, most frequent first. Its drafts are
+suffix of the tokens that occurred before (Saxena 2023's lookup decoding);
+with `tree_width` > 1 each depth also offers the other tokens that followed
+the same suffix, most frequent first. Its drafts are
 deterministic, so the loop's point-mass acceptance keeps any sampling
-lossless. A method may draft with it alone (the example in
-`examples/prompt_lookup`); a
+lossless. A method may draft with it alone (an example plugin does); a
 composed drafter (`specc.runtime.compose`) can run it beside a model's.
 """
 

@@ -1,5 +1,5 @@
 // Blocked low-bit weights times 8-bit activations on the CPU: the kernel of
-// specc's `q4` and `q8` quantized linears (specc/quantize/blocked.py packs the weights).
+// specc's `q4`, `q6` and `q8` quantized linears (specc/kernels/blocked_matmul.py packs the weights).
 //
 // Weights come in tiles of 16 output features; a tile holds, for each group of
 // up to 8 blocks of 32 inputs, 16 fp16 scales d and 16 fp16 mins m, then per block
