@@ -27,17 +27,18 @@ class Generation:
 def compile(model: str | Path, method: str, output: str | Path, *, backend: str = "eager",
             dtype: str = "float32", max_seq_len: int = 1024, settings: dict | None = None,
             force: bool = False, progress: bool = False, kernels: bool = False, device: str = "auto",
-            quantize: str | None = None, teacher: str = "unquantized") -> dict:
+            quantize: str | None = None, quantize_draft: str | None = None, teacher: str = "unquantized") -> dict:
     """`specc compile`: write an engine for `model` to `output`; returns the manifest's fields.
     `settings` are the method's config fields (see `specc methods`); `kernels` is `--kernels`;
-    `device` is `--device` (auto, cpu, cuda, cuda:N); `quantize` is `--quantize` (int8, int4, …); `teacher` is `--teacher`."""
+    `device` is `--device` (auto, cpu, cuda, cuda:N); `quantize` is `--quantize` (q4, int8, …); `quantize_draft` is `--quantize-draft`;
+    `teacher` is `--teacher`."""
     from specc.compiler import CompileRequest, compile_engine
 
     return compile_engine(CompileRequest(model=str(model), method=method, output=Path(output), backend=backend,
                                          dtype=dtype, max_seq_len=max_seq_len, force=force,
                                          settings=dict(settings or {}),
                                          kernels=kernels, show_progress=progress, device=device,
-                                         quantize=quantize, teacher=teacher))
+                                         quantize=quantize, quantize_draft=quantize_draft, teacher=teacher))
 
 
 def load(engine: str | Path, backend: str | None = None, device: str | None = None,

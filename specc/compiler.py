@@ -55,7 +55,8 @@ class CompileRequest:
     kernels: bool = False   # attention through specc's Triton kernel (passes/use_kernels.py)
     show_progress: bool = False
     device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
-    quantize: str | None = None   # weight-only quantization of the target's linears: specc.quantize.schemes.SCHEMES
+    quantize: str | None = None   # quantization of every source model's linears: specc.quantize.schemes.SCHEMES
+    quantize_draft: str | None = None   # the extra source models' (a draft model's) scheme instead of `quantize`
     teacher: str = "unquantized"   # what training distills from under `quantize`: specc.quantize.teacher.TEACHERS
 
 
@@ -65,13 +66,17 @@ def validate(request: CompileRequest):
     backend.check_available()
     resolve_device(request.device)
     check_dtype(request.dtype)
-    if request.quantize is not None:
-        check_quantize(request, parse_scheme(request.quantize))
+    for flag, name in (("--quantize", request.quantize), ("--quantize-draft", request.quantize_draft)):
+        if name is not None:
+            check_quantize(request, parse_scheme(name), flag)
     check_teacher(request)
     if not 8 <= request.max_seq_len <= 1 << 17:
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
     check_backend(method, backend)
+    if request.quantize_draft is not None and not method.extra_sources:
+        raise UsageError(f"--quantize-draft packs a separate draft model's weights, and method {method.name!r} "
+                         f"drafts with none (its drafts use the target's weights: --quantize packs those)")
     config = (method.config_class.from_json(dict(request.settings)) if isinstance(request.settings, dict)
               else method.config_class.from_assignments(list(request.settings)))
     for source in method.extra_sources:
@@ -91,18 +96,18 @@ def validate(request: CompileRequest):
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
 
 
-def check_quantize(request: CompileRequest, scheme: Scheme) -> None:
+def check_quantize(request: CompileRequest, scheme: Scheme, flag: str = "--quantize") -> None:
     """Quantized engines run the CPU's weight-only kernels on bfloat16 activations."""
     if request.dtype != "bfloat16":
-        raise UsageError(f"--quantize {scheme.name} needs --dtype bfloat16: the quantized matmuls take bfloat16 "
+        raise UsageError(f"{flag} {scheme.name} needs --dtype bfloat16: the quantized matmuls take bfloat16 "
                          f"activations, and bfloat16's fixed-row policy keeps speculation exact")
     if request.backend not in QUANTIZED_BACKENDS:
-        raise UsageError(f"--quantize runs on the {', '.join(QUANTIZED_BACKENDS)} backends, not {request.backend}")
+        raise UsageError(f"{flag} runs on the {', '.join(QUANTIZED_BACKENDS)} backends, not {request.backend}")
     if resolve_device(request.device).type != "cpu":
-        raise UsageError("--quantize builds CPU engines (specc's and PyTorch's quantized kernels here are CPU "
+        raise UsageError(f"{flag} builds CPU engines (specc's and PyTorch's quantized kernels here are CPU "
                          "kernels); pass --device cpu")
     if scheme.kernel == BLOCKED and compiler() is None:
-        raise UsageError(f"--quantize {scheme.name} runs specc's CPU kernel, compiled on first use: it needs a C++ "
+        raise UsageError(f"{flag} {scheme.name} runs specc's CPU kernel, compiled on first use: it needs a C++ "
                          f"compiler with OpenMP (install g++ or set CXX), or choose a weight-only scheme (int4, int8)")
 
 
@@ -135,16 +140,18 @@ def compile_engine(request: CompileRequest) -> dict:
     if lookup_corpus_requested(config):
         with progress.stage("tokenizing the lookup corpus"):
             method_state = {**method_state, **lookup_corpus_state(config, tokenizer)}
-    scheme = engine_scheme(request, checkpoint)
+    schemes = source_schemes(request, method, config, checkpoint)
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None,
-                                select_logit_rows=True, quantize=scheme)
+                                select_logit_rows=True, quantize=schemes)
         program.added_weights = install_weights(program, trained_weights)
-    quantization = None
-    if scheme is not None:
-        with progress.stage(f"measuring what {scheme.name} costs on held-out text"):
-            quantization = quantization_report(program, scheme, models[TARGET], tokenizer)
+    quantization = {}
+    for source, scheme in schemes.items():
+        model = "" if source == TARGET else f" ({source} model)"
+        with progress.stage(f"measuring what {scheme.name} costs on held-out text{model}"):
+            quantization[quantization_key(source)] = quantization_report(program, scheme, source, models[source],
+                                                                         tokenizer)
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
@@ -165,7 +172,7 @@ def compile_engine(request: CompileRequest) -> dict:
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
             **({"lowered": lowered} if lowered else {}),
-            **({"quantization": quantization} if quantization else {}),
+            **quantization,
             **({"kernels": kernels} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
@@ -193,8 +200,8 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
             train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
     if quantized_teacher:
         with progress.stage(f"rounding the teacher's weights through {request.quantize}"):
-            for model in train_models.values():
-                round_linear_weights(model, engine_scheme(request, checkpoint), getattr(torch, request.dtype))
+            for source, scheme in source_schemes(request, method, config, checkpoint).items():
+                round_linear_weights(train_models[source], scheme, getattr(torch, request.dtype))
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
         context = training_context(train_models, method, config, request.max_seq_len, kernels=request.kernels,
                                    captures=train_captures, device=device, engine_backend=request.backend,
@@ -208,6 +215,26 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
         probe = matmul_seconds((request.dtype, "float32"), hidden, device)
         report["matmul_ms"] = {name: round(seconds * 1e3, 4) for name, seconds in probe.items()}
     return trained, report
+
+
+def source_schemes(request: CompileRequest, method, config, checkpoint) -> dict[str, Scheme]:
+    """The scheme each source model's linears are packed with, by source: `--quantize` for every
+    model, `--quantize-draft` instead for the extra (draft) ones, each LM head at the bits its
+    own checkpoint's GGUF allows (`head_bits_for`). A source not named stays in `--dtype`."""
+    schemes = {}
+    if request.quantize:
+        schemes[TARGET] = engine_scheme(request, checkpoint)
+    for source in method.extra_sources:
+        name = request.quantize_draft or request.quantize
+        if name:
+            source_checkpoint = resolve_checkpoint(getattr(config, source.config_field))
+            schemes[source.name] = head_bits_for(parse_scheme(name), converted_head_type(source_checkpoint))
+    return schemes
+
+
+def quantization_key(source: str) -> str:
+    """The manifest key of a source model's quantization report."""
+    return "quantization" if source == TARGET else f"{source}_quantization"
 
 
 def engine_scheme(request: CompileRequest, checkpoint) -> Scheme | None:
@@ -230,13 +257,14 @@ def _load_sources(method, config, checkpoint, dtype: str) -> dict:
 def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
                   captures: dict | None = None, state: dict | None = None,
                   recipes: dict[str, GraphRecipe] | None = None, select_logit_rows: bool = False,
-                  quantize: Scheme | None = None) -> SpeculativeProgram:
+                  quantize: dict[str, Scheme] | None = None) -> SpeculativeProgram:
     """Capture each source model once (into `captures`, reused across calls); every named graph
     (the method's for `config`, or `recipes`) rewrites its own copy of the capture with its
     recipe's passes, then, given the method `state` training produced, its `after_training`
     passes, then, for an engine (`select_logit_rows`), `select_logit_rows` (logits computed
-    only for the rows a call asks for), then, with `quantize`, `quantize_linear_weights` (the
-    captured models' own linear weights packed once for the whole program) and the attention
+    only for the rows a call asks for), then, for a source `quantize` names a scheme for,
+    `quantize_linear_weights` (that captured model's own linear weights, packed once for the
+    whole program) and the attention
     rewrites that let its rows run unpadded, and last, with
     `kernels`, `use_kernels` (attention through specc's kernel). Every pass is recorded."""
     program = SpeculativeProgram()
@@ -251,8 +279,9 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
+        scheme = (quantize or {}).get(recipe.source)
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(quantize, captured, packed), *_row_alike_attention(quantize)] if quantize else []),
+                  *([_quantizer(scheme, captured, packed), *_row_alike_attention(scheme)] if scheme else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)

@@ -89,6 +89,10 @@ def _add_compile(verbs):
                    help="quantization of the model's linear layers (CPU, with --dtype bfloat16): q4, q6 or q8 "
                         "(blocks of 32, int8 activations, specc's kernel: the fastest), or weight-only int8 "
                         "(per channel), int4 (groups of 32), int4-g64|g128|g256")
+    p.add_argument("--quantize-draft", metavar="SCHEME", default=None,
+                   help="quantization of a separate draft model's linear layers instead of --quantize's (the "
+                        "same schemes): a q4 draft beside a bfloat16 target drafts for a fraction of a step, "
+                        "and the target still verifies every token")
     p.add_argument("--teacher", choices=TEACHERS, default="unquantized",
                    help="with --quantize: the model training distills from, the checkpoint as given "
                         "(unquantized) or with the weights --quantize packs (quantized)")
@@ -403,9 +407,11 @@ def _compile(args) -> int:
     request = CompileRequest(
         model=args.model, method=args.method, output=args.output, backend=args.backend, dtype=args.dtype,
         max_seq_len=args.max_seq_len, force=args.force, settings=args.settings, kernels=args.kernels,
-        show_progress=True, device=args.device, quantize=args.quantize, teacher=args.teacher,
+        show_progress=True, device=args.device, quantize=args.quantize, quantize_draft=args.quantize_draft,
+        teacher=args.teacher,
     )
-    quantized = f", {args.quantize} weights" if args.quantize else ""
+    quantized = (f", {args.quantize} weights" if args.quantize else "") + (
+        f", {args.quantize_draft} draft weights" if args.quantize_draft else "")
     print(f"compiling {args.model} with method {args.method} ({args.backend}, {args.dtype}{quantized}, "
           f"{resolve_device(args.device)}) ...", file=sys.stderr)
     report = compile_engine(request)
@@ -413,10 +419,12 @@ def _compile(args) -> int:
     parts = ([f"training {training['seconds']:.1f}s in {training['dtype']}"] if training else []) + (
         [f"{report['backend']} packaging {seconds['lowering']:.1f}s"] if seconds["lowering"] else [])
     print(f"wrote {args.output} in {seconds['total']:.1f}s" + (f" ({', '.join(parts)})" if parts else ""))
-    if "quantization" in report:
-        from specc.quantize.report import describe_quantization
+    from specc.quantize.report import describe_quantization
 
-        print(describe_quantization(report["quantization"]))
+    for key, quantization in report.items():
+        if key.endswith("quantization"):
+            model = "" if key == "quantization" else f"{key.removesuffix('_quantization')} model: "
+            print(model + describe_quantization(quantization))
     return 0
 
 

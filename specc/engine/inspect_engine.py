@@ -30,6 +30,8 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         f"  backend {manifest['backend']}  dtype {manifest['dtype']}  max_seq_len {manifest['max_seq_len']}  "
         f"device {manifest.get('device', 'cpu')}",
         *([f"  {describe_quantization(manifest['quantization'])}"] if "quantization" in manifest else []),
+        *(f"  {key.removesuffix('_quantization')} model: {describe_quantization(report)}"
+          for key, report in manifest.items() if key.endswith("_quantization")),
     ]
     for name, entry in manifest["graphs"].items():
         arch = entry["architecture"]

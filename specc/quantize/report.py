@@ -1,4 +1,5 @@
-"""The manifest's `quantization` entry: the scheme, what it packed, and what it costs."""
+"""The manifest's `quantization` entries (the target's; a draft model's as `draft_quantization`):
+the scheme, what it packed, and what it costs."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
     return found
 
 
-def quantization_report(program, scheme: Scheme, model: torch.nn.Module, tokenizer) -> dict:
+def quantization_report(program, scheme: Scheme, source: str, model: torch.nn.Module, tokenizer) -> dict:
+    """What `scheme` packed in the graphs `program` builds from `source` (`model`), and what it costs `model`."""
     weights = {}
     for graph in program.graphs.values():
-        weights.update(quantized_weights(graph.module))
+        if graph.source == source:
+            weights.update(quantized_weights(graph.module))
     kinds = sorted({kind for kind, _, _ in weights.values()})
     return {
         **scheme.to_json(),

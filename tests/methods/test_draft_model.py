@@ -21,6 +21,7 @@ from specc.contract.descriptor import get_method
 from specc.contract.sampling import SamplingConfig
 from specc.engine.loaded import load_engine
 from specc.errors import UsageError
+from specc.lower.row_padding import PaddedRows
 from specc.methods.draft_model import DraftModelConfig
 from specc.methods.draft_model.drafter import build_runtime
 from specc.passes.manager import run_passes
@@ -254,6 +255,28 @@ def test_a_q4_engine_packs_the_reduced_draft_head_and_matches_q4_none(checkpoint
     draft_graph = engine.context.graphs["draft"]
     assert not [n for n in draft_graph.graph.nodes if n.target == torch.ops.aten.linear.default]
     prompts = varied_prompts(6, 96, seed=3)
+    results = [engine.generate_ids(p, MAX_NEW_TOKENS) for p in prompts]
+    assert [r.token_ids for r in results] == [none.generate_ids(p, MAX_NEW_TOKENS).token_ids for p in prompts]
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_a_q4_draft_beside_a_bfloat16_target_matches_bfloat16_none(checkpoints, tmp_path, one_thread):
+    """`--quantize-draft` packs the draft model only: the target stays bfloat16 and verifies every
+    token, so the engine is token-identical to the bfloat16 `none` engine; the manifest reports
+    the draft's quantization under its own key."""
+    target, draft = checkpoints("llama")
+    common = dict(model=str(target), max_seq_len=MAX_SEQ_LEN, dtype="bfloat16")
+    compile_engine(CompileRequest(method="none", output=tmp_path / "none", **common))
+    report = compile_engine(CompileRequest(method="draft-model", output=tmp_path / "draft", quantize_draft="q4",
+                                           settings=[f"draft_model={draft}"], **common))
+    assert "quantization" not in report and report["draft_quantization"]["scheme"] == "q4"
+    assert report["draft_quantization"]["bytes"]["quantized"] < 0.5 * report["draft_quantization"]["bytes"]["unquantized"]
+    none, engine = load_engine(tmp_path / "none"), load_engine(tmp_path / "draft")
+    graphs = engine.context.graphs
+    assert isinstance(graphs["target"], PaddedRows)   # bfloat16: the target's short calls run padded ...
+    assert [n for n in graphs["target"].forward.graph.nodes if n.target == torch.ops.aten.linear.default]
+    assert not [n for n in graphs["draft"].graph.nodes if n.target == torch.ops.aten.linear.default]   # ... q4's as called
+    prompts = varied_prompts(6, 96, seed=5)
     results = [engine.generate_ids(p, MAX_NEW_TOKENS) for p in prompts]
     assert [r.token_ids for r in results] == [none.generate_ids(p, MAX_NEW_TOKENS).token_ids for p in prompts]
     assert sum(r.stats.accepted_tokens for r in results) > 0
