@@ -32,6 +32,7 @@ from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.passes.use_row_attention import UseRowAttention
+from specc.quantize.assignment import TARGET_REPORT, Quantization, reads_target_weights_to_draft
 from specc.quantize.report import quantization_report
 from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
@@ -74,9 +75,6 @@ def validate(request: CompileRequest):
         raise UsageError(f"--max-seq-len {request.max_seq_len} must be between 8 and 131072")
     method = get_method(request.method)
     check_backend(method, backend)
-    if request.quantize_draft is not None and not method.extra_sources:
-        raise UsageError(f"--quantize-draft packs a separate draft model's weights, and method {method.name!r} "
-                         f"drafts with none (its drafts use the target's weights: --quantize packs those)")
     config = (method.config_class.from_json(dict(request.settings)) if isinstance(request.settings, dict)
               else method.config_class.from_assignments(list(request.settings)))
     for source in method.extra_sources:
@@ -84,6 +82,7 @@ def validate(request: CompileRequest):
             raise UsageError(f"method {method.name!r} compiles a {source.name} checkpoint too; "
                              f"pass it with --set {source.config_field}=DIR")
     check_composition(config)
+    check_draft_quantization(request, method, config)
     check_output_dir(request.output, request.force)
     checkpoint = resolve_checkpoint(request.model)
     if method.validate is not None:   # the method's own checks against config.json: no weights load
@@ -109,6 +108,22 @@ def check_quantize(request: CompileRequest, scheme: Scheme, flag: str = "--quant
     if scheme.kernel == BLOCKED and compiler() is None:
         raise UsageError(f"{flag} {scheme.name} runs specc's CPU kernel, compiled on first use: it needs a C++ "
                          f"compiler with OpenMP (install g++ or set CXX), or choose a weight-only scheme (int4, int8)")
+
+
+def check_draft_quantization(request: CompileRequest, method, config) -> None:
+    """`--quantize-draft` needs graphs that only draft, and a self-speculative method's draft
+    graphs read the target's weights: packed two ways, they would share the packed names."""
+    if request.quantize_draft is None:
+        return
+    recipes = method.graphs(config)
+    if not any(recipe.drafts_only for recipe in recipes.values()):
+        raise UsageError(f"--quantize-draft packs the weights of the graphs that only draft, and method "
+                         f"{method.name!r} (as configured) has none: its draft runs inside the target's graphs")
+    if (request.quantize is not None and reads_target_weights_to_draft(recipes)
+            and parse_scheme(request.quantize) != parse_scheme(request.quantize_draft)):
+        raise UsageError(f"--quantize-draft {request.quantize_draft} beside --quantize {request.quantize}: "
+                         f"method {method.name!r} drafts with the target's own weights, which --quantize packs "
+                         f"already; give one of them")
 
 
 def check_teacher(request: CompileRequest) -> None:
@@ -140,18 +155,17 @@ def compile_engine(request: CompileRequest) -> dict:
     if lookup_corpus_requested(config):
         with progress.stage("tokenizing the lookup corpus"):
             method_state = {**method_state, **lookup_corpus_state(config, tokenizer)}
-    schemes = source_schemes(request, method, config, checkpoint)
+    quantization = engine_quantization(request, method, config, checkpoint)
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None,
-                                select_logit_rows=True, quantize=schemes)
+                                select_logit_rows=True, quantize=quantization)
         program.added_weights = install_weights(program, trained_weights)
-    quantization = {}
-    for source, scheme in schemes.items():
-        model = "" if source == TARGET else f" ({source} model)"
+    reports = {}
+    for key, (scheme, source, names) in _report_groups(method.graphs(config), quantization).items():
+        model = "" if key == TARGET_REPORT else " (draft graphs)"
         with progress.stage(f"measuring what {scheme.name} costs on held-out text{model}"):
-            quantization[quantization_key(source)] = quantization_report(program, scheme, source, models[source],
-                                                                         tokenizer)
+            reports[key] = quantization_report(program, scheme, names, models[source], tokenizer)
     lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
     if not lossless and is_lossless(method, config):
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
@@ -172,7 +186,7 @@ def compile_engine(request: CompileRequest) -> dict:
             "passes": [r.to_json() for r in program.pass_records],
             **({"method_state": method_state} if method_state else {}),
             **({"lowered": lowered} if lowered else {}),
-            **quantization,
+            **reports,
             **({"kernels": kernels} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
@@ -200,7 +214,7 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
             train_models, train_captures = _load_sources(method, config, checkpoint, train_dtype), {}
     if quantized_teacher:
         with progress.stage(f"rounding the teacher's weights through {request.quantize}"):
-            for source, scheme in source_schemes(request, method, config, checkpoint).items():
+            for source, scheme in engine_quantization(request, method, config, checkpoint).by_source.items():
                 round_linear_weights(train_models[source], scheme, getattr(torch, request.dtype))
     with progress.stage(f"capturing with torch.export and running passes ({train_dtype}, for training)"):
         context = training_context(train_models, method, config, request.max_seq_len, kernels=request.kernels,
@@ -217,31 +231,32 @@ def _train(method, config, request: CompileRequest, checkpoint, models: dict, ca
     return trained, report
 
 
-def source_schemes(request: CompileRequest, method, config, checkpoint) -> dict[str, Scheme]:
-    """The scheme each source model's linears are packed with, by source: `--quantize` for every
-    model, `--quantize-draft` instead for the extra (draft) ones, each LM head at the bits its
-    own checkpoint's GGUF allows (`head_bits_for`). A source not named stays in `--dtype`."""
-    schemes = {}
-    if request.quantize:
-        schemes[TARGET] = engine_scheme(request, checkpoint)
+def engine_quantization(request: CompileRequest, method, config, checkpoint) -> Quantization:
+    """The schemes of the engine's graphs: `--quantize` for every source model,
+    `--quantize-draft` instead for an extra (draft) model and for the target's graphs that
+    only draft; each LM head at the bits its own checkpoint's GGUF allows (`head_bits_for`).
+    What neither names stays in `--dtype`."""
+    def scheme(name: str, source_checkpoint) -> Scheme:
+        return head_bits_for(parse_scheme(name), converted_head_type(source_checkpoint))
+
+    by_source = {TARGET: scheme(request.quantize, checkpoint)} if request.quantize else {}
     for source in method.extra_sources:
         name = request.quantize_draft or request.quantize
         if name:
-            source_checkpoint = resolve_checkpoint(getattr(config, source.config_field))
-            schemes[source.name] = head_bits_for(parse_scheme(name), converted_head_type(source_checkpoint))
-    return schemes
+            by_source[source.name] = scheme(name, resolve_checkpoint(getattr(config, source.config_field)))
+    drafts = scheme(request.quantize_draft, checkpoint) if request.quantize_draft else None
+    return Quantization(by_source, drafts)
 
 
-def quantization_key(source: str) -> str:
-    """The manifest key of a source model's quantization report."""
-    return "quantization" if source == TARGET else f"{source}_quantization"
-
-
-def engine_scheme(request: CompileRequest, checkpoint) -> Scheme | None:
-    """`--quantize`'s scheme, with the LM head at the bits the checkpoint's GGUF allows (`head_bits_for`)."""
-    if not request.quantize:
-        return None
-    return head_bits_for(parse_scheme(request.quantize), converted_head_type(checkpoint))
+def _report_groups(recipes: dict[str, GraphRecipe], quantization: Quantization) -> dict[str, tuple]:
+    """Manifest key -> (scheme, the source model its quality is measured on, graph names)."""
+    groups: dict[str, tuple] = {}
+    for name, recipe in recipes.items():
+        scheme = quantization.for_graph(recipe)
+        if scheme is not None:
+            key = quantization.report_key(recipe)
+            groups.setdefault(key, (scheme, recipe.source, []))[2].append(name)
+    return groups
 
 
 def _load_sources(method, config, checkpoint, dtype: str) -> dict:
@@ -257,14 +272,14 @@ def _load_sources(method, config, checkpoint, dtype: str) -> dict:
 def build_program(models: dict, method, config, max_seq_len: int, kernels: bool = False,
                   captures: dict | None = None, state: dict | None = None,
                   recipes: dict[str, GraphRecipe] | None = None, select_logit_rows: bool = False,
-                  quantize: dict[str, Scheme] | None = None) -> SpeculativeProgram:
+                  quantize: Quantization | None = None) -> SpeculativeProgram:
     """Capture each source model once (into `captures`, reused across calls); every named graph
     (the method's for `config`, or `recipes`) rewrites its own copy of the capture with its
     recipe's passes, then, given the method `state` training produced, its `after_training`
     passes, then, for an engine (`select_logit_rows`), `select_logit_rows` (logits computed
-    only for the rows a call asks for), then, for a source `quantize` names a scheme for,
-    `quantize_linear_weights` (that captured model's own linear weights, packed once for the
-    whole program) and the attention
+    only for the rows a call asks for), then, for a graph `quantize` gives a scheme,
+    `quantize_linear_weights` (its captured model's own linear weights, packed once per scheme
+    for the whole program) and the attention
     rewrites that let its rows run unpadded, and last, with
     `kernels`, `use_kernels` (attention through specc's kernel). Every pass is recorded."""
     program = SpeculativeProgram()
@@ -279,9 +294,10 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
-        scheme = (quantize or {}).get(recipe.source)
+        scheme = quantize.for_graph(recipe) if quantize else None
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(scheme, captured, packed), *_row_alike_attention(scheme)] if scheme else []),
+                  *([_quantizer(scheme, captured, packed.setdefault(scheme, {})), *_row_alike_attention(scheme)]
+                    if scheme else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
         program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)

@@ -41,11 +41,14 @@ class GraphRecipe:
     """One named graph of the speculative program: which source model it is
     captured from (`TARGET` or an extra source), the passes that rewrite it, and
     the passes that depend on what compile-time training chose (`after_training`:
-    config and method state -> passes, run after `passes` once training is done)."""
+    config and method state -> passes, run after `passes` once training is done).
+    `drafts_only`: the graph's outputs only propose tokens, never decide one the target
+    has not verified (so `--quantize-draft` may pack its weights at fewer bits)."""
 
     source: str
     passes: Callable[[MethodConfig], list["GraphPass"]]
     after_training: Callable[[MethodConfig, dict], list["GraphPass"]] | None = None
+    drafts_only: bool = False
 
 
 @dataclass(frozen=True)

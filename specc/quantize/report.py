@@ -1,5 +1,6 @@
-"""The manifest's `quantization` entries (the target's; a draft model's as `draft_quantization`):
-the scheme, what it packed, and what it costs."""
+"""The manifest's `quantization` entries (the verifying graphs'; the draft graphs' as
+`draft_quantization` where `--quantize-draft` or a draft model gives them their own): the
+scheme, what it packed, and what it costs."""
 
 from __future__ import annotations
 
@@ -39,12 +40,11 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
     return found
 
 
-def quantization_report(program, scheme: Scheme, source: str, model: torch.nn.Module, tokenizer) -> dict:
-    """What `scheme` packed in the graphs `program` builds from `source` (`model`), and what it costs `model`."""
+def quantization_report(program, scheme: Scheme, graphs: list[str], model: torch.nn.Module, tokenizer) -> dict:
+    """What `scheme` packed in `program`'s `graphs` (of `model`), and what it costs `model`."""
     weights = {}
-    for graph in program.graphs.values():
-        if graph.source == source:
-            weights.update(quantized_weights(graph.module))
+    for name in graphs:
+        weights.update(quantized_weights(program.graphs[name].module))
     kinds = sorted({kind for kind, _, _ in weights.values()})
     return {
         **scheme.to_json(),

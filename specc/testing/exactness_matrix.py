@@ -56,6 +56,7 @@ class Cell:
     backend: str
     dtype: str = "float32"
     quantize: str | None = None   # weight-only quantization (`specc compile --quantize`)
+    quantize_draft: str | None = None   # the draft graphs' own (`--quantize-draft`); the reference ignores it
     lookup: bool = False          # with the n-gram branch in the method's tree (`--set lookup=true`)
     variant: str = ""             # other settings of the method (VARIANTS), or its METHOD_SETTINGS
 
@@ -63,7 +64,8 @@ class Cell:
     def label(self) -> str:
         method = f"{self.method}:{self.variant}" if self.variant else self.method
         method = f"{method}+lookup" if self.lookup else method
-        return f"{method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
+        return (f"{method}-{self.family}-{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize else "")
+                + (f"-{self.quantize_draft}-draft" if self.quantize_draft else ""))
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def compile_cell(cell: Cell, checkpoints: QuirkyCheckpoints, output: Path):
         settings += ["lookup=true", "lookup_max_ngram=2"]
     compile_engine(CompileRequest(model=str(target), method=cell.method, output=output, backend=cell.backend,
                                   dtype=cell.dtype, max_seq_len=MAX_SEQ_LEN, force=True, settings=settings,
-                                  quantize=cell.quantize))
+                                  quantize=cell.quantize, quantize_draft=cell.quantize_draft))
     return load_engine(output)
 
 

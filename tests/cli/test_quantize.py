@@ -27,8 +27,8 @@ def run_cli(capsys, *args):
     (["--quantize", "int4", "--dtype", "bfloat16", "--backend", "onnx"], "runs on the eager, inductor, aoti backends"),
     (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: q4, q6, q8, int8, int4"),
     (["--quantize-draft", "q4"], "--quantize-draft q4 needs --dtype bfloat16"),
-    (["--quantize-draft", "q4", "--dtype", "bfloat16"], "--quantize-draft packs a separate draft model's weights, "
-                                                        "and method 'none' drafts with none"),
+    (["--quantize-draft", "q4", "--dtype", "bfloat16"], "--quantize-draft packs the weights of the graphs that only draft, "
+                                                        "and method 'none' (as configured) has none"),
 ])
 def test_unservable_requests_are_refused_before_any_work(checkpoint, tmp_path, capsys, options, words):
     code, _, err = run_cli(capsys, "compile", checkpoint, "--method", "none", "-o", tmp_path / "e", *options)

@@ -7,7 +7,8 @@ that broke SpecEE, and the two that interleave sliding-window and full layers, G
 with max_window_layers, among them) and draft-model's chain variant too, `none` on every family
 under inductor and onnx and a few methods under inductor (`FAST_INDUCTOR`),
 every method with q4 weights (`--quantize q4`, specc's kernel) in bfloat16 on one family against
-its quantized `none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
+its quantized `none`, every method with graphs that only draft with those graphs in q4 and the
+target in bfloat16 (`--quantize-draft q4`) against the bfloat16 `none`, and every method whose drafter composes with the n-gram branch (`lookup=true`) in
 float32 and bfloat16. `-m slow` runs the whole matrix: every method × family × backend in float32, every
 method × backend in bfloat16 on one family, and the quantized column with q4, int4 and int8
 weights under eager, inductor and aoti. `benchmarks/matrix.py` prints it as a table.
@@ -71,6 +72,8 @@ def assert_exact(result) -> None:
 # it; PyTorch's int4 and int8 kernels and the compiled backends run with -m slow.
 QUANTIZED = "q4"
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
+# Methods with graphs that only draft (`GraphRecipe.drafts_only`), which `--quantize-draft` packs.
+DRAFT_GRAPHS = ("draft-model", "kangaroo", "swift", "s3d", "specee", "eagle")
 # Methods run under inductor in the fast selection too, and on which families.
 FAST_INDUCTOR = {"draft-model": FAMILIES, "kangaroo": FAMILIES, "eagle": ("llama", "phi3"), "firp": ("llama",),
                  "s3d": ("llama",)}
@@ -82,6 +85,7 @@ def fast_cells() -> list[Cell]:
     backends = [Cell("none", f, b) for b in ("inductor", "onnx") for f in QUIRKY_MODELS]
     backends += [Cell(m, f, "inductor") for m, families in FAST_INDUCTOR.items() for f in families]
     quantized = [Cell(m, BFLOAT16_FAMILY, "eager", "bfloat16", QUANTIZED) for m in METHODS if m != "none"]
+    quantized += [Cell(m, BFLOAT16_FAMILY, "eager", "bfloat16", quantize_draft=QUANTIZED) for m in DRAFT_GRAPHS]
     composed = [Cell(m, f, "eager", dtype, lookup=True) for m in COMPOSABLE
                 for f, dtype in (("mistral", "float32"), (BFLOAT16_FAMILY, "bfloat16"))]
     return methods + variants + backends + quantized + composed
@@ -173,3 +177,11 @@ def test_a_checkpoint_mixing_full_and_sliding_layers_windows_its_layers_in_the_g
     # A window no layer uses (every layer below max_window_layers attends fully) is no window.
     assert summarize_architecture(quirky_config("qwen2", max_window_layers=3)).sliding_window is None
     assert summarize_architecture(quirky_config("mistral")).sliding_window == 6
+
+
+def test_the_draft_quantized_column_covers_every_method_with_graphs_that_only_draft(prompt_lookup_method):
+    from specc.contract.descriptor import get_method
+
+    drafts = {m for m in METHODS
+              if any(r.drafts_only for r in get_method(m).graphs(get_method(m).config_class()).values())}
+    assert drafts == set(DRAFT_GRAPHS)

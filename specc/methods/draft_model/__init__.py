@@ -43,7 +43,8 @@ METHOD = MethodDescriptor(
     graphs=lambda config: {
         "target": GraphRecipe(TARGET, lambda c: infrastructure_passes()),
         "draft": GraphRecipe("draft", lambda c: infrastructure_passes(),
-                             after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY))),
+                             after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY)),
+                             drafts_only=True),
     },
     build_runtime=build_runtime,
     train=_train,

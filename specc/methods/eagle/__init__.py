@@ -39,7 +39,8 @@ def _graphs(config: EagleConfig) -> dict[str, GraphRecipe]:
     return {
         "target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeFusedFeatures(fused)]),
         "head": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [AttachEagleHead()],
-                            after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY))),
+                            after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY)),
+                            drafts_only=True),
     }
 
 

@@ -42,7 +42,8 @@ def _graphs(config: KangarooConfig) -> dict[str, GraphRecipe]:
         "deep": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [ExposeLayerExit(deep)]),
         "adapter": GraphRecipe(TARGET, lambda c: infrastructure_passes()
                                + [ExposeLayerExit(deep), AttachAdapterHead(adapter)],
-                               after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY))),
+                               after_training=lambda c, state: reduced_head_passes(state.get(DRAFT_VOCABULARY_KEY)),
+                               drafts_only=True),
     }
 
 

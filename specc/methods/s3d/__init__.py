@@ -62,7 +62,7 @@ def draft_passes(config: S3DConfig):
 def _graphs(config: S3DConfig) -> dict[str, GraphRecipe]:
     return {
         "target": GraphRecipe(TARGET, lambda c: infrastructure_passes()),
-        "draft": GraphRecipe(TARGET, draft_passes),
+        "draft": GraphRecipe(TARGET, draft_passes, drafts_only=True),
     }
 
 

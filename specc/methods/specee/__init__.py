@@ -46,7 +46,8 @@ def _graphs(config: SpecEEConfig) -> dict[str, GraphRecipe]:
         "draft_head": GraphRecipe(TARGET, lambda c: infrastructure_passes() + _head_features(config)
                                   + [AttachDraftHead()],
                                   after_training=lambda c, state: reduced_head_passes(
-                                      state.get(DRAFT_VOCABULARY_KEY), module_name=REDUCED_HEAD)),
+                                      state.get(DRAFT_VOCABULARY_KEY), module_name=REDUCED_HEAD),
+                                  drafts_only=True),
     }
 
 

@@ -82,7 +82,8 @@ def _run_eager(segment):
 def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
     graphs = {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
     if config.draft_graph:   # the target without the skip set compile-time calibration stored
-        graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes(), after_training=_draft_cut)
+        graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes(), after_training=_draft_cut,
+                                          drafts_only=True)
     return graphs
 
 
