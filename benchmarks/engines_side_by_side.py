@@ -17,7 +17,10 @@ the systems in rotated order per prompt and repeat, as `specc bench` does).
 It reports, per engine, tokens per second (median over repeats, new tokens /
 wall seconds over the prompts), the speedup over the reference, the mean
 accepted length M (new tokens per target forward, prefill and bonus token
-included), the acceptance rate α, and token identity with the reference; and
+included), the acceptance rate α, and token identity with the reference; for
+every drafting engine, SWIFT's eq. 6 account (a draft step's and a round's
+verification cost in reference decode steps, and the decode speedup they
+predict); and
 the bandwidth bound on the reference's decoding (the bytes its target graph
 reads per step at the read rate sampled between repeats, as `specc bench`
 reports it) with the share of it the reference reaches.
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_interleaved(systems, prompt_ids, args.repeats, MemoryProbe(), show_progress=True,
                            between_repeats=bandwidth)
     summary = summarize(runs, names, len(prompt_ids))
+    accounts = eq6_accounts(runs, names)
     doc = {"schema": "specc-side-by-side/1", "model": args.name, "machine": machine_info(), "versions": versions(),
            "settings": {"prompt_set": prompt_set.name, "num_prompts": len(prompt_ids),
                         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                               "compile_seconds": engine.manifest.get("compile_seconds")}
                        for name, engine in zip(names, engines)},
            "peers": {peer.name: peer.describe() for peer in peers},
-           "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary,
+           "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary, "eq6": accounts,
            "bandwidth_bound": reference_bound(engines[0], bandwidth, runs, names[0], len(prompt_ids)),
            "runs": [run.to_json() for run in runs]}
     stem = f"{device_label()}-{args.name}-{prompt_set.name}-{args.max_new_tokens}tok"
@@ -170,6 +174,24 @@ def summarize(runs, names: list[str], prompts: int) -> dict:
     return out
 
 
+def eq6_accounts(runs, names: list[str]) -> dict:
+    """SWIFT eq. 6 per drafting engine (`specc.bench.predict`): its M, α, draft cost per step c and
+    verification cost per round v, both in the reference's decode steps, and the decode speedup
+    they predict, to set beside the measured (end-to-end) one."""
+    from specc.bench.predict import predict
+
+    def stats(name):
+        return [r.stats for r in runs if r.system == name and r.stats is not None]
+
+    reference = stats(names[0])
+    accounts = {}
+    for name in names[1:]:
+        mine = stats(name)
+        if mine and sum(s.draft_steps for s in mine):
+            accounts[name] = predict(mine, reference, None)["swift_eq6"]
+    return accounts
+
+
 def _rates(runs, name: str) -> list[float]:
     repeats = sorted({r.repeat for r in runs if r.system == name})
     return [sum(len(r.token_ids) for r in runs if r.system == name and r.repeat == k)
@@ -212,8 +234,28 @@ def markdown(doc: dict) -> str:
                      f"{engine['dtype']}{weights} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "
                      f"{speedup['median']:.2f}x | {_figure(row['mean_accepted_length'])} | {alpha} | "
                      f"{row['identical_to_reference']} |")
+    lines += _eq6_lines(doc.get("eq6", {}), doc["summary"])
     lines += ["", _bound_line(doc["bandwidth_bound"])] + [f"note: {note}" for note in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _eq6_lines(accounts: dict, summary: dict) -> list[str]:
+    if not accounts:
+        return []
+    lines = ["", "SWIFT eq. 6 per drafting engine, in the reference's decode steps: c a draft step's cost, v a "
+                 "round's verification; E = M·α / ((M − 1)·c + α) predicts the decode speedup, E_v with v in place "
+                 "of 1 (the measured speedup above is end to end, prefill included):", "",
+             "| engine | M | α | c | v | E | E_v | measured |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, account in accounts.items():
+        measured = summary[name]["speedup"]["median"]
+        lines.append(f"| {name} | {account['M']:.2f} | {account['alpha']:.3f} | {account['c']:.3f} | "
+                     f"{_figure(account.get('v'))} | {_times(account.get('expected_speedup'))} | "
+                     f"{_times(account.get('with_measured_verify'))} | {measured:.2f}x |")
+    return lines
+
+
+def _times(value) -> str:
+    return "—" if value is None else f"{value:.2f}x"
 
 
 def _bound_line(bound: dict) -> str:

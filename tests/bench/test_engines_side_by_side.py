@@ -32,6 +32,10 @@ def test_engines_run_side_by_side_against_the_first(checkpoints, tmp_path, one_t
     assert len(doc["runs"]) == 3 * 2 * 2
     table = written.with_suffix(".md").read_text()
     assert "| draft-model (" in table and "2/2 |" in table
+    account = doc["eq6"]["2-draft-model"]   # every drafting engine's eq. 6 inputs, and its prediction
+    assert account["M"] == summary["2-draft-model"]["mean_accepted_length"] and account["c"] > 0
+    assert (account["expected_speedup"] > 0) if account["alpha"] > 0 else "α = 0" in account["reason"]
+    assert "| 2-draft-model | " in table and "SWIFT eq. 6" in table
     bound = doc["bandwidth_bound"]
     model = AutoModelForCausalLM.from_pretrained(target)
     parameters = sum(p.numel() for p in model.parameters())
