@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                               "method_config": engine.config.to_json(),
                               "backend": engine.manifest["backend"], "dtype": engine.manifest["dtype"],
                               "quantization": engine.manifest.get("quantization"),
+                              "draft_quantization": engine.manifest.get("draft_quantization"),
                               "teacher": (engine.manifest.get("training") or {}).get("teacher"),
                               "compile_seconds": engine.manifest.get("compile_seconds")}
                        for name, engine in zip(names, engines)},
@@ -229,6 +230,7 @@ def markdown(doc: dict) -> str:
         settings_text = ", ".join(f"{k}={v}" for k, v in engine["method_config"].items()
                                   if k not in ("draft_model", "calib_data", "version") and v not in (None, "", 0))
         weights = f", {engine['quantization']['scheme']} weights" if engine.get("quantization") else ""
+        weights += f", {engine['draft_quantization']['scheme']} drafts" if engine.get("draft_quantization") else ""
         weights += f", teacher with {engine['teacher']}" if engine.get("teacher") else ""
         lines.append(f"| {engine['method']}{f' ({settings_text})' if settings_text else ''} | {engine['backend']}, "
                      f"{engine['dtype']}{weights} | {rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f}) | "

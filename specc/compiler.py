@@ -16,6 +16,7 @@ from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_
 from specc.console.progress import StageReporter, progress_bar, ticking
 from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
+from specc.contract.quantization import Quantization, reads_target_weights_to_draft
 from specc.engine.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
 from specc.engine.save import check_output_dir, staging_dir, write_manifest, write_program
 from specc.errors import SpeccError, UsageError
@@ -32,8 +33,7 @@ from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.select_logit_rows import SelectLogitRows
 from specc.passes.use_kernels import UseKernels
 from specc.passes.use_row_attention import UseRowAttention
-from specc.quantize.assignment import TARGET_REPORT, Quantization, reads_target_weights_to_draft
-from specc.quantize.report import quantization_report
+from specc.quantize.report import TARGET_REPORT, quantization_report
 from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
 from specc.runtime.exactness import EXACT_ROWS, is_lossless

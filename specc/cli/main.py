@@ -419,12 +419,10 @@ def _compile(args) -> int:
     parts = ([f"training {training['seconds']:.1f}s in {training['dtype']}"] if training else []) + (
         [f"{report['backend']} packaging {seconds['lowering']:.1f}s"] if seconds["lowering"] else [])
     print(f"wrote {args.output} in {seconds['total']:.1f}s" + (f" ({', '.join(parts)})" if parts else ""))
-    from specc.quantize.report import describe_quantization
+    from specc.quantize.report import describe_reports
 
-    for key, quantization in report.items():
-        if key.endswith("quantization"):
-            model = "" if key == "quantization" else f"{key.removesuffix('_quantization')} model: "
-            print(model + describe_quantization(quantization))
+    for line in describe_reports(report):
+        print(line)
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
-from specc.quantize.report import describe_quantization
+from specc.quantize.report import describe_reports
 
 
 def inspect_engine(engine_dir: Path, graph: str | None = None, after: str | None = None) -> str:
@@ -29,9 +29,7 @@ def _summary(engine_dir: Path, manifest: dict) -> str:
         f"  method {manifest['method']}  config {json.dumps(manifest['method_config'])}",
         f"  backend {manifest['backend']}  dtype {manifest['dtype']}  max_seq_len {manifest['max_seq_len']}  "
         f"device {manifest.get('device', 'cpu')}",
-        *([f"  {describe_quantization(manifest['quantization'])}"] if "quantization" in manifest else []),
-        *(f"  {key.removesuffix('_quantization')} model: {describe_quantization(report)}"
-          for key, report in manifest.items() if key.endswith("_quantization")),
+        *(f"  {line}" for line in describe_reports(manifest)),
     ]
     for name, entry in manifest["graphs"].items():
         arch = entry["architecture"]

@@ -16,6 +16,8 @@ from specc.quantize.schemes import Scheme
 PACKED_SUFFIXES = ("_qweight", "_scales", "_scales_and_zeros")   # `quantize_linear_weights`' buffer names
 BLOCKED_SUFFIX = "_blocks"   # q4/q6/q8: scales, mins and values in one tensor
 UNQUANTIZED_BYTES = 2        # per weight: quantized engines are bfloat16
+TARGET_REPORT = "quantization"        # the manifest's key for the verifying graphs' scheme
+DRAFT_REPORT = "draft_quantization"   # ... and for the draft graphs', where they have their own
 
 
 def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
@@ -77,6 +79,13 @@ def _blocked_weight(packed: torch.Tensor, bits: int) -> tuple[str, int, int]:
 
 def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def describe_reports(manifest: dict) -> list[str]:
+    """A line per quantization report of an engine's manifest (or compile report): the
+    verifying graphs', then the draft graphs' where they have their own."""
+    return [prefix + describe_quantization(manifest[key])
+            for key, prefix in ((TARGET_REPORT, ""), (DRAFT_REPORT, "draft graphs: ")) if key in manifest]
 
 
 def describe_quantization(quantization: dict) -> str:

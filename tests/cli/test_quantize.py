@@ -27,6 +27,8 @@ def run_cli(capsys, *args):
     (["--quantize", "int4", "--dtype", "bfloat16", "--backend", "onnx"], "runs on the eager, inductor, aoti backends"),
     (["--quantize", "int3", "--dtype", "bfloat16"], "unknown quantization 'int3'; choose from: q4, q6, q8, int8, int4"),
     (["--quantize-draft", "q4"], "--quantize-draft q4 needs --dtype bfloat16"),
+    (["--quantize-draft", "q4", "--quantize", "q8", "--dtype", "bfloat16", "--method", "swift"],
+     "method 'swift' drafts with the target's own weights, which --quantize packs already"),
     (["--quantize-draft", "q4", "--dtype", "bfloat16"], "--quantize-draft packs the weights of the graphs that only draft, "
                                                         "and method 'none' (as configured) has none"),
 ])
@@ -72,3 +74,15 @@ def test_q4_without_a_cxx_compiler_is_refused_with_the_fix(checkpoint, tmp_path,
                            "--quantize", "q4", "-o", tmp_path / "e")
     assert code != 0 and "needs a C++ compiler" in err and "install g++" in err
     assert not (tmp_path / "e").exists()
+
+
+def test_a_q4_draft_engine_reports_its_draft_graphs_apart(checkpoint, tmp_path, capsys):
+    engine = tmp_path / "e"
+    code, out, _ = run_cli(capsys, "compile", checkpoint, "--method", "draft-model", "--set",
+                           f"draft_model={checkpoint}", "--dtype", "bfloat16", "--quantize-draft", "q4",
+                           "--max-seq-len", "64", "-o", engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert code == 0 and "quantization" not in manifest and manifest["draft_quantization"]["scheme"] == "q4"
+    assert out.count("quantized q4") == 1 and "draft graphs: quantized q4" in out
+    code, out, _ = run_cli(capsys, "inspect", engine)
+    assert code == 0 and "draft graphs: quantized q4" in out

@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specc.contract.descriptor import TARGET, GraphRecipe
+from specc.quantize.report import DRAFT_REPORT, TARGET_REPORT
 from specc.quantize.schemes import Scheme
-
-TARGET_REPORT = "quantization"        # the manifest's key for the verifying graphs' scheme
-DRAFT_REPORT = "draft_quantization"   # ... and for the draft graphs', where they have their own
 
 
 @dataclass(frozen=True)
