@@ -36,7 +36,7 @@ from specc.passes.use_row_attention import UseRowAttention
 from specc.quantize.report import TARGET_REPORT, quantization_report
 from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
-from specc.runtime.exactness import EXACT_ROWS, is_lossless
+from specc.runtime.exactness import EXACT_ROWS, is_lossless, verifies_like_none
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")
@@ -171,6 +171,11 @@ def compile_engine(request: CompileRequest) -> dict:
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
                     "plain greedy decoding in %s: the engine is marked lossy (compile in float32 for identity)",
                     method.name, request.backend, request.dtype, request.dtype)
+    elif lossless and not verifies_like_none(method, request.backend, getattr(torch, request.dtype)):
+        log.warning("%s verifies with a segmented graph, which %s fuses unlike the none engine's whole graph, "
+                    "so in %s its tokens may differ from the none engine's: the engine is marked lossy "
+                    "(the eager backend or float32 keeps identity)", method.name, request.backend, request.dtype)
+        lossless = False
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)

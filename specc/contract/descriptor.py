@@ -125,6 +125,11 @@ class MethodDescriptor:
     # False (FIRP: pseudo rows ride along): where a backend computes only that many rows exactly
     # (bfloat16), the engine cannot promise the `none` engine's tokens and is compiled lossy.
     verifies_draft_rows_only: bool = True
+    # Whether the graph that verifies is cut into segments (SWIFT's skip branches). A backend that
+    # compiles a graph (every one but eager) fuses its segments unlike `none`'s whole graph, enough
+    # in bfloat16 to flip near-ties (Qwen2.5-Coder-1.5B under aoti: 2 of 8 code prompts, with no
+    # draft at all), so such an engine in reduced precision is compiled lossy.
+    segmented_verifier: bool = False
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     # (training context, config, tokenizer) -> what training produced; it never touches the engine's program.

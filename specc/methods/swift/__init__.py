@@ -124,6 +124,7 @@ METHOD = MethodDescriptor(
     graphs=_graphs,
     build_runtime=_build_runtime,
     requires=frozenset({RUN_TIME_SEGMENTS}),
+    segmented_verifier=True,
     train=_compile_state,
     validate=lambda config, model_config: _validate(config, model_config),
     draft_depth=lambda config: config.max_draft_tokens,
