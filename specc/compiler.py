@@ -36,7 +36,7 @@ from specc.passes.use_row_attention import UseRowAttention
 from specc.quantize.report import TARGET_REPORT, quantization_report
 from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
-from specc.runtime.exactness import EXACT_ROWS, is_lossless, verifies_like_none
+from specc.runtime.exactness import EXACT_ROWS, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")
@@ -171,11 +171,6 @@ def compile_engine(request: CompileRequest) -> dict:
         log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
                     "plain greedy decoding in %s: the engine is marked lossy (compile in float32 for identity)",
                     method.name, request.backend, request.dtype, request.dtype)
-    elif lossless and not verifies_like_none(method, request.backend, getattr(torch, request.dtype)):
-        log.warning("%s verifies with a segmented graph, which %s fuses unlike the none engine's whole graph, "
-                    "so in %s its tokens may differ from the none engine's: the engine is marked lossy "
-                    "(the eager backend or float32 keeps identity)", method.name, request.backend, request.dtype)
-        lossless = False
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)
@@ -305,7 +300,8 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
                     if scheme else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
-        program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text)
+        program.graphs[name] = ProgramGraph(name, recipe.source, gm, captured.architecture, captured_text,
+                                            lowered=recipe.lowered)
         program.pass_records += records
     return program
 
@@ -387,10 +383,11 @@ def _lower_ahead_of_time(staging: Path, program: SpeculativeProgram, backend, re
     (staging / "compiled").mkdir()
     dtype = getattr(torch, request.dtype)
     lowered = {}
-    bar = progress_bar(total=len(program.graphs), desc=f"{backend.name}: lowering", unit="graph",
+    whole = {name: graph for name, graph in program.graphs.items() if graph.lowered}
+    bar = progress_bar(total=len(whole), desc=f"{backend.name}: lowering", unit="graph",
                leave=False, disable=not show_progress)
     with bar, ticking(bar):
-        for name, graph in program.graphs.items():
+        for name, graph in whole.items():
             log.info("lowering %s with %s on %s", name, backend.name, device)
             bar.set_description(f"{backend.name}: lowering graph {name!r}")
             target = LoweringTarget(name, move_graph(graph.module, device), read_signature(graph.module),

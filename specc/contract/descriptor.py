@@ -43,12 +43,15 @@ class GraphRecipe:
     the passes that depend on what compile-time training chose (`after_training`:
     config and method state -> passes, run after `passes` once training is done).
     `drafts_only`: the graph's outputs only propose tokens, never decide one the target
-    has not verified (so `--quantize-draft` may pack its weights at fewer bits)."""
+    has not verified (so `--quantize-draft` may pack its weights at fewer bits).
+    `lowered`: False keeps the graph as its FX module in the engine, never lowered whole
+    (a method that only calls its segments, with `lower_segment`)."""
 
     source: str
     passes: Callable[[MethodConfig], list["GraphPass"]]
     after_training: Callable[[MethodConfig, dict], list["GraphPass"]] | None = None
     drafts_only: bool = False
+    lowered: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,6 @@ class MethodDescriptor:
     # False (FIRP: pseudo rows ride along): where a backend computes only that many rows exactly
     # (bfloat16), the engine cannot promise the `none` engine's tokens and is compiled lossy.
     verifies_draft_rows_only: bool = True
-    # Whether the graph that verifies is cut into segments (SWIFT's skip branches). A backend that
-    # compiles a graph (every one but eager) fuses its segments unlike `none`'s whole graph, enough
-    # in bfloat16 to flip near-ties (Qwen2.5-Coder-1.5B under aoti: 2 of 8 code prompts, with no
-    # draft at all), so such an engine in reduced precision is compiled lossy.
-    segmented_verifier: bool = False
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     # (training context, config, tokenizer) -> what training produced; it never touches the engine's program.

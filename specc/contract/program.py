@@ -18,6 +18,7 @@ class ProgramGraph:
     module: fx.GraphModule
     architecture: ArchitectureSummary
     captured_text: str = ""          # the graph as captured, before any pass
+    lowered: bool = True             # False: the engine keeps its FX module (`GraphRecipe.lowered`)
 
 
 @dataclass

@@ -61,12 +61,14 @@ class LoadedEngine:
         start = time.perf_counter()
         try:
             targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)
+            whole = {name: t for name, t in targets.items() if manifest["graphs"][name].get("lowered", True)}
             graphs = {name: exact_calls(backend.load(target, path / "compiled", manifest), target,
-                                        backend.row_exactness) for name, target in targets.items()}
+                                        backend.row_exactness) for name, target in whole.items()}
             if backend.compiles_lazily:
-                for name, target in targets.items():
+                for name, target in whole.items():
                     warm_up(graphs[name], target)
-            self.cuda_graphs = _replayed_from_cuda_graphs(graphs, targets, backend, device)
+            self.cuda_graphs = _replayed_from_cuda_graphs(graphs, whole, backend, device)
+            graphs |= {name: target.module for name, target in targets.items() if name not in whole}
         except torch.OutOfMemoryError as exc:
             raise does_not_fit(exc, f"the engine ({manifest['dtype']}, --max-seq-len {self.max_seq_len}) "
                                     f"on {device}") from None

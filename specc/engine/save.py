@@ -107,6 +107,7 @@ def write_program(staging: Path, program: SpeculativeProgram, tokenizer) -> dict
             "architecture": graph.architecture.to_json(),
             "inputs": [n.target for n in graph.module.graph.nodes if n.op == "placeholder"],
             "signature": read_signature(graph.module).to_json(),
+            **({} if graph.lowered else {"lowered": False}),
         }
     _write_ir(staging / "ir", program)
     return {"graphs": graphs, "weight_aliases": aliases}

@@ -76,13 +76,6 @@ def is_lossless(method, config, exact_rows: int | None = None) -> bool:
     return lossless and (method.verifies_draft_rows_only or exact_rows is None)
 
 
-def verifies_like_none(method, backend_name: str, dtype: torch.dtype) -> bool:
-    """Whether `method`'s verifying graph computes `none`'s bits on backend `backend_name` in
-    `dtype`: a segmented verifier does under eager (segments run the same operations in the
-    same order) or in float32, not when a compiler fuses it in reduced precision."""
-    return not method.segmented_verifier or backend_name == "eager" or dtype == torch.float32
-
-
 def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> DraftBudget:
     """What a drafter may propose after `prefix_len` committed tokens with `remaining` tokens
     left to generate: under a cap (`max_rows`, from `exact_rows`), a chain of at most that

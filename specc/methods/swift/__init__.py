@@ -4,9 +4,13 @@ SWIFT (Xia et al., 2024) drafts with the target itself, skipping a set of
 attention and MLP sublayers of layers 1..L-2, and optimises that set on the
 fly. Here:
 
-- The target graph gets skip branches (`insert_skip_branches`): it is split
-  into sublayer segments. Verification runs the parent graph (every segment,
-  the exact model); the drafter runs only the non-skipped segments through
+- A copy of the target graph gets skip branches (`insert_skip_branches`): it
+  is split into sublayer segments (the `skipping` graph, which the engine
+  keeps as its FX module and never lowers whole). Verification runs the
+  plain `target` graph, the `none` engine's own, so a compiling backend
+  fuses it as it fuses `none`'s (a segmented verifier rounded differently in
+  bfloat16: benchmarks/NOTES.md, "The 1.5B in bfloat16 with q4 drafts"); the
+  drafter runs only the non-skipped segments through
   `SkippingForward`, writing into the *target's* KV cache. Draft rows beyond
   the committed prefix are overwritten by verification, which writes every
   tree slot before reading it, and skipped attention writes nothing, so no
@@ -53,6 +57,7 @@ from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY, vocabulary_from_sta
 from specc.train.reduce_draft_head import reduce_draft_head
 
 DRAFT_GRAPH = "draft"
+SKIPPING_GRAPH = "skipping"   # the target with skip branches: its segments draft and score skip sets
 
 __all__ = ["METHOD", "SKIP_SET_KEY", "SwiftConfig", "SwiftDrafter", "build_drafter"]
 
@@ -60,7 +65,7 @@ __all__ = ["METHOD", "SKIP_SET_KEY", "SwiftConfig", "SwiftDrafter", "build_draft
 def _build_runtime(context, config: SwiftConfig) -> MethodRuntime:
     target = context.model("target")
     lower = context.lower_segment if config.compile_segments else _run_eager
-    forward = SkippingForward(context.modules["target"], lower)
+    forward = SkippingForward(context.modules[SKIPPING_GRAPH], lower)
     stored = context.state.get(SKIP_SET_KEY)
     stored = frozenset(stored) if stored is not None else None
     compiled = None
@@ -80,7 +85,9 @@ def _run_eager(segment):
 
 
 def _graphs(config: SwiftConfig) -> dict[str, GraphRecipe]:
-    graphs = {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()])}
+    graphs = {"target": GraphRecipe(TARGET, lambda c: infrastructure_passes()),
+              SKIPPING_GRAPH: GraphRecipe(TARGET, lambda c: infrastructure_passes() + [InsertSkipBranches()],
+                                          lowered=False)}
     if config.draft_graph:   # the target without the skip set compile-time calibration stored
         graphs[DRAFT_GRAPH] = GraphRecipe(TARGET, lambda c: infrastructure_passes(), after_training=_draft_cut,
                                           drafts_only=True)
@@ -94,7 +101,7 @@ def _compile_state(context, config: SwiftConfig, tokenizer) -> TrainResult:
     or the odd-layer initial set with `calib_prompts=0`; with a `draft`
     graph, its head cut to the calibration text's most frequent tokens (the
     only weight added)."""
-    graph = context.program.graphs["target"]
+    graph = context.program.graphs[SKIPPING_GRAPH]
     if config.calib_prompts == 0:
         skip, calibration = odd_layers(tuple(skip_branches(graph.module))), "none (calib_prompts=0)"
     else:
@@ -124,7 +131,6 @@ METHOD = MethodDescriptor(
     graphs=_graphs,
     build_runtime=_build_runtime,
     requires=frozenset({RUN_TIME_SEGMENTS}),
-    segmented_verifier=True,
     train=_compile_state,
     validate=lambda config, model_config: _validate(config, model_config),
     draft_depth=lambda config: config.max_draft_tokens,
