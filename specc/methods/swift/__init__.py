@@ -65,7 +65,8 @@ __all__ = ["METHOD", "SKIP_SET_KEY", "SwiftConfig", "SwiftDrafter", "build_draft
 def _build_runtime(context, config: SwiftConfig) -> MethodRuntime:
     target = context.model("target")
     lower = context.lower_segment if config.compile_segments else _run_eager
-    forward = SkippingForward(context.modules[SKIPPING_GRAPH], lower)
+    # An engine compiled before 2026-11-30 has no `skipping` graph: its `target` is the segmented one.
+    forward = SkippingForward(context.modules.get(SKIPPING_GRAPH, context.modules["target"]), lower)
     stored = context.state.get(SKIP_SET_KEY)
     stored = frozenset(stored) if stored is not None else None
     compiled = None
