@@ -30,6 +30,9 @@ class SwiftConfig(MethodConfig, CalibrationOptions):
                                 "draft time, and a set adopted at run time drafts with segments, not the "
                                 "compiled draft graph (measured: docs/methods/swift.md)")
     search_seed: int = option(0, "seed of the random candidates and the GP")
+    search_seconds: float = option(0.0, "compile: stop the skip-set search after this many seconds (0: no time "
+                                        "limit; the try budget, 8 tries per skippable sublayer, ends it, so the "
+                                        "set found does not depend on the machine's load)", at_least=0)
     confidence_threshold: float = option(0.8, "epsilon: stop drafting after a token whose top-1 probability "
                                               "is below this", at_least=0, at_most=1)
     max_draft_tokens: int = option(25, "most draft steps (tree depth) per round", at_least=1)
