@@ -36,7 +36,7 @@ from specc.passes.use_row_attention import UseRowAttention
 from specc.quantize.report import TARGET_REPORT, quantization_report
 from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
-from specc.runtime.exactness import EXACT_ROWS, is_lossless
+from specc.runtime.exactness import EXACT_ROWS, call_rows_per_node, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
 
 log = logging.getLogger("specc")
@@ -166,11 +166,13 @@ def compile_engine(request: CompileRequest) -> dict:
         model = "" if key == TARGET_REPORT else " (draft graphs)"
         with progress.stage(f"measuring what {scheme.name} costs on held-out text{model}"):
             reports[key] = quantization_report(program, scheme, names, models[source], tokenizer)
-    lossless = is_lossless(method, config, backend.exact_rows(getattr(torch, request.dtype)))
+    exact = backend.exact_rows(getattr(torch, request.dtype))
+    lossless = is_lossless(method, config, exact)
     if not lossless and is_lossless(method, config):
-        log.warning("%s verifies more rows than %s computes exactly in %s, so its tokens may differ from "
-                    "plain greedy decoding in %s: the engine is marked lossy (compile in float32 for identity)",
-                    method.name, request.backend, request.dtype, request.dtype)
+        log.warning("%s's verifying calls hold %d rows per draft node, and %s computes %s rows exactly in %s: "
+                    "too few to verify a drafted token, so its tokens may differ from plain greedy decoding in "
+                    "%s: the engine is marked lossy (compile in float32 for identity)", method.name,
+                    call_rows_per_node(method, config), request.backend, exact, request.dtype, request.dtype)
     with staging_dir(request.output, request.force) as staging:
         with progress.stage("writing engine"):
             tables = write_program(staging, program, tokenizer)

@@ -124,10 +124,11 @@ class MethodDescriptor:
     lossless: bool = True
     # When losslessness depends on the config (a lossy paper mode beside a lossless one): config -> bool.
     lossless_when: Callable[[MethodConfig], bool] | None = None
-    # Whether every verifying call holds only the draft's rows, which `Backend.exact_rows` bounds.
-    # False (FIRP: pseudo rows ride along): where a backend computes only that many rows exactly
-    # (bfloat16), the engine cannot promise the `none` engine's tokens and is compiled lossy.
-    verifies_draft_rows_only: bool = True
+    # config -> rows each verifying call holds per draft node (None: 1, the draft's rows only). FIRP's
+    # pseudo rows ride along, k per node. Where a backend computes only so many rows exactly
+    # (bfloat16, `Backend.exact_rows`), drafts are capped at exact rows // this many nodes, and an
+    # engine that could then draft no token is compiled lossy (`specc.runtime.exactness`).
+    call_rows_per_node: Callable[[MethodConfig], int] | None = None
     extra_sources: tuple[ExtraSource, ...] = ()
     requires: frozenset[str] = frozenset()      # backend capabilities (specc.lower.backend)
     # (training context, config, tokenizer) -> what training produced; it never touches the engine's program.

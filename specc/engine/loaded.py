@@ -27,6 +27,7 @@ from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
 from specc.lower.row_padding import exact_calls
 from specc.runtime.context import MethodContext
+from specc.runtime.exactness import max_draft_nodes
 from specc.runtime.generate import GenerationResult, generate, stream
 from specc.runtime.prefix_reuse import PrefixReuse, resumable
 from specc.runtime.warm_up import warm_up
@@ -77,11 +78,11 @@ class LoadedEngine:
             signatures={name: t.signature for name, t in targets.items()},
             architectures={name: self.architecture(name) for name in targets},
             state=manifest.get("method_state", {}), max_seq_len=self.max_seq_len, dtype=self.dtype,
-            lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device)
+            lower_segment=backend.lower_segment, compiles_lazily=backend.compiles_lazily, device=device,
+            # A lossless engine's calls hold no more rows than the backend computes exactly as a decode step.
+            exact_rows=backend.exact_rows(self.dtype) if manifest.get("lossless") else None)
         self._build_runtime()
         self.compile_seconds = time.perf_counter() - start if backend.compiles_lazily else 0.0
-        # A lossless engine drafts no more rows than the backend computes exactly as a decode step.
-        self.max_draft_rows = backend.exact_rows(self.dtype) if manifest.get("lossless") else None
         self._tokenizer = None
 
     def _build_runtime(self) -> None:
@@ -92,6 +93,7 @@ class LoadedEngine:
         except torch.OutOfMemoryError as exc:
             raise does_not_fit(exc, f"the KV caches (--max-seq-len {self.max_seq_len}) on {self.device}") from None
         self.reuses_prefixes = resumable(self.runtime.target, self.runtime.drafter)
+        self.max_draft_rows = max_draft_nodes(self.method, self.config, self.context.exact_rows)
         self._prefix = PrefixReuse()
 
     def with_settings(self, settings: list[str]) -> "LoadedEngine":

@@ -23,7 +23,9 @@ class MethodContext:
     `lower_segment` lowers one segment with the engine's backend;
     `compiles_lazily` says whether first calls compile (warm up what only
     the method knows how to call); `state` is what the method's compile-time
-    step stored in the manifest."""
+    step stored in the manifest; `exact_rows` the most rows a call may hold
+    and compute each row as a decode step does (None: any), for a runtime
+    whose calls carry rows beyond the draft's."""
 
     graphs: dict[str, Callable]
     modules: dict[str, fx.GraphModule]
@@ -35,6 +37,7 @@ class MethodContext:
     lower_segment: Callable[[fx.GraphModule], Callable]
     compiles_lazily: bool = False
     device: str = "cpu"
+    exact_rows: int | None = None
 
     @classmethod
     def eager(cls, program, max_seq_len: int, dtype: torch.dtype = torch.float32, state: dict | None = None):

@@ -20,8 +20,11 @@ Everything else follows from it and is derived here:
 - `exact_rows`: the most rows a call may have and stay exact (None: any);
 - `padded_rows`: the rows a lowered graph's calls are padded to (None: run as called),
   which `specc.lower.row_padding.exact_calls` applies to every graph an engine loads;
-- `is_lossless`: whether an engine of a method can promise its target's tokens (a method
-  that verifies rows beyond the draft's (`verifies_draft_rows_only=False`) cannot under a cap);
+- `max_draft_nodes`: the most draft nodes, root included, a lossless engine verifies a round:
+  the exact rows, divided by the rows a method's verifying call holds per node (FIRP's pseudo
+  rows: 1 + k);
+- `is_lossless`: whether an engine of a method can promise its target's tokens (under a cap,
+  only if a drafted token still fits: two nodes);
 - `draft_budget` and `verifiable`: what the loop allows a drafter per round under a cap (a
   chain only, within `EXACT_ROWS` nodes and one key block: `specc.runtime.masks`), and the
   part of any other draft it verifies (the leading chain: `specc.runtime.exact_chain`).
@@ -69,11 +72,24 @@ def pads_itself(dtype: torch.dtype, rows_alike: int | None) -> bool:
     return dtype == torch.bfloat16 and rows_alike == EXACT_ROWS
 
 
+def call_rows_per_node(method, config) -> int:
+    """Rows a verifying call of `method` holds per draft node (1 but for pseudo rows)."""
+    return method.call_rows_per_node(config) if method.call_rows_per_node is not None else 1
+
+
+def max_draft_nodes(method, config, exact_rows: int | None) -> int | None:
+    """The most draft nodes, root included, whose verifying call stays within `exact_rows`
+    rows (None: no cap)."""
+    return None if exact_rows is None else exact_rows // call_rows_per_node(method, config)
+
+
 def is_lossless(method, config, exact_rows: int | None = None) -> bool:
     """Whether an engine of `method` (a `MethodDescriptor`, with its `config`) gives its target's tokens, on a backend that computes calls
-    of up to `exact_rows` rows exactly as a decode step (None: calls of any size)."""
+    of up to `exact_rows` rows exactly as a decode step (None: calls of any size): under a cap,
+    only if a round can still verify a drafted token exactly."""
     lossless = method.lossless_when(config) if method.lossless_when is not None else method.lossless
-    return lossless and (method.verifies_draft_rows_only or exact_rows is None)
+    nodes = max_draft_nodes(method, config, exact_rows)
+    return lossless and (nodes is None or nodes >= 2)
 
 
 def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> DraftBudget:

@@ -46,6 +46,8 @@ TRAINED = ("kangaroo", "firp", "s3d", "specee", "eagle")   # take calibration te
 # applied over METHOD_SETTINGS.
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "draft-model": {"chain": ["num_draft_tokens=4", "tree_width=1"]},
+    # One pseudo step: a drafted token and both nodes' pseudo rows fit bfloat16's 4 exact rows.
+    "firp": {"k1": ["steps=1", "tree=chain"]},
 }
 
 

@@ -214,17 +214,32 @@ def test_engine_stores_the_projections_with_its_report(engines):
     assert len(record["added_parameters"]) == 6
 
 
-def test_bfloat16_engines_are_compiled_lossy(checkpoints, tmp_path, caplog):
-    """Pseudo rows widen every verification past the rows bfloat16 computes exactly
-    (`Backend.exact_rows`), so a bfloat16 engine promises no identity with `none`: uncapped."""
+def test_bfloat16_engines_are_lossless_with_one_pseudo_step_only(checkpoints, tmp_path, caplog):
+    """k pseudo rows per node widen every verification: bfloat16 computes 4 rows exactly
+    (`Backend.exact_rows`), which with k = 3 leaves no room for a drafted token, so that engine
+    promises no identity with `none` (uncapped); with k = 1 a drafted token and both nodes'
+    pseudo rows fit, so it stays lossless, drafts one token a round, and its prefill and every
+    call stay within the 4 rows (identity itself: the exactness matrix's firp:k1 cells)."""
     target = checkpoints("llama")[0]
-    for dtype in ("float32", "bfloat16"):
-        compile_engine(CompileRequest(model=str(target), method="firp", output=tmp_path / dtype, dtype=dtype,
-                                      max_seq_len=MAX_SEQ_LEN, settings=["train_steps=0"]))
-    assert load_engine(tmp_path / "float32").manifest["lossless"] is True
-    bfloat16 = load_engine(tmp_path / "bfloat16")
-    assert bfloat16.manifest["lossless"] is False and bfloat16.max_draft_rows is None
-    assert "marked lossy" in caplog.text
+    for dtype, steps in (("float32", 3), ("bfloat16", 3), ("bfloat16", 1)):
+        compile_engine(CompileRequest(model=str(target), method="firp", output=tmp_path / f"{dtype}-{steps}",
+                                      dtype=dtype, max_seq_len=MAX_SEQ_LEN, settings=["train_steps=0", f"steps={steps}"]))
+    assert load_engine(tmp_path / "float32-3").manifest["lossless"] is True
+    lossy = load_engine(tmp_path / "bfloat16-3")
+    assert lossy.manifest["lossless"] is False and lossy.max_draft_rows is None
+    assert "marked lossy" in caplog.text and "4 rows per draft node" in caplog.text
+    engine = load_engine(tmp_path / "bfloat16-1")
+    assert engine.manifest["lossless"] is True and engine.max_draft_rows == 2
+    calls = []
+    run = engine.target.model.run
+    engine.target.model.run = lambda tokens, *args: calls.append(tokens.numel()) or run(tokens, *args)
+    steps = []
+    for prompt in varied_prompts(8, 64, seed=3)[4:]:
+        calls.clear()
+        engine.generate_ids(prompt, MAX_NEW_TOKENS)
+        assert calls[0] == len(prompt), "a prompt's prefill carries no pseudo rows"
+        steps += calls[1:]
+    assert max(steps) == 4, steps   # a drafted token, its root and one pseudo row each
 
 
 def test_config_is_validated_naming_the_setting(checkpoints, tmp_path):

@@ -16,6 +16,14 @@ plus its own rows, so scratch K/V is never read again. When the scratch does
 not fit in the cache (the last tokens before max_seq_len) the forward runs
 without pseudo rows and the next round decodes one token.
 
+Where the backend computes only so many rows exactly (bfloat16: `exact_rows`),
+a forward carries pseudo rows only when all its rows fit them and end in the
+key block its first row ends in, as the loop's budget has them do (1 + k rows
+per node: with k = 1, a drafted token and both nodes' pseudo rows are 4 rows);
+otherwise the next round decodes one token. So a prompt's prefill carries none
+(its rows are rounded as the `none` engine's prefill rounds them), and the
+one-token step after it carries the first pseudo rows.
+
 `PseudoStateDrafter` keeps the pseudo logits of the row whose real logits
 chose the latest token (the last accepted node) and proposes the next tree
 from them: the root is that token, depth d comes from pseudo step d.
@@ -35,6 +43,7 @@ from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.contract.verification import Acceptance, Verification
 from specc.methods.firp.config import FIRPConfig
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
+from specc.runtime.masks import rows_in_key_block
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
 from specc.runtime.sampling import probabilities
 
@@ -51,10 +60,11 @@ class PseudoRowTarget:
 
     capabilities = Capabilities(resumable=True)   # committed K/V are the plain target's; pseudo rows: scratch
 
-    def __init__(self, model: CachedModel, steps: int, pseudo_rows: str):
+    def __init__(self, model: CachedModel, steps: int, pseudo_rows: str, exact_rows: int | None = None):
         self.model = model
         self.steps = steps
         self.pseudo_rows = pseudo_rows
+        self.exact_rows = exact_rows
         self.architecture = model.architecture
         self.device = model.device
         self.max_seq_len = model.max_seq_len
@@ -88,8 +98,12 @@ class PseudoRowTarget:
         self.model.commit(base, accepted_offsets)
 
     def _no_room(self, start: int, n: int, anchors: tuple[int, ...]) -> bool:
-        """Whether the pseudo rows' scratch slots would run past the cache."""
-        return start + n + len(anchors) * self.steps > self.max_seq_len
+        """Whether the pseudo rows' scratch slots would run past the cache, or the call past
+        the rows the backend computes exactly."""
+        rows = n + len(anchors) * self.steps
+        if self.exact_rows is not None and rows > min(self.exact_rows, rows_in_key_block(start, self.max_seq_len)):
+            return True
+        return start + rows > self.max_seq_len
 
     def _forward(self, tokens, positions, slots, mask, start: int, anchors: tuple[int, ...],
                  layout) -> Verification:
@@ -207,5 +221,5 @@ class PseudoStateDrafter:
 def build_runtime(context, config: FIRPConfig) -> MethodRuntime:
     model = context.model("target")
     arch = model.architecture
-    return MethodRuntime(PseudoRowTarget(model, config.num_steps, config.pseudo_rows),
+    return MethodRuntime(PseudoRowTarget(model, config.num_steps, config.pseudo_rows, context.exact_rows),
                          PseudoStateDrafter(config, arch.vocab_size, arch.eos_token_ids, model.device))
