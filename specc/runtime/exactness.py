@@ -21,8 +21,8 @@ Everything else follows from it and is derived here:
 - `padded_rows`: the rows a lowered graph's calls are padded to (None: run as called),
   which `specc.lower.row_padding.exact_calls` applies to every graph an engine loads;
 - `max_draft_nodes`: the most draft nodes, root included, a lossless engine verifies a round:
-  the exact rows, divided by the rows a method's verifying call holds per node (FIRP's pseudo
-  rows: 1 + k);
+  the exact rows, divided by the rows a method's verifying call holds per node (k pseudo
+  rows riding beside each node: 1 + k);
 - `is_lossless`: whether an engine of a method can promise its target's tokens (under a cap,
   only if a drafted token still fits: two nodes);
 - `draft_budget` and `verifiable`: what the loop allows a drafter per round under a cap (a
@@ -92,13 +92,20 @@ def is_lossless(method, config, exact_rows: int | None = None) -> bool:
     return lossless and (nodes is None or nodes >= 2)
 
 
+def exact_call_rows(prefix_len: int, max_seq_len: int, max_rows: int | None) -> int | None:
+    """The most rows a call after `prefix_len` cached tokens may hold and compute each row as a
+    decode step does, under a cap of `max_rows` (None: no cap): within the cap, and ending in the
+    key block its first row ends in."""
+    return None if max_rows is None else min(max_rows, rows_in_key_block(prefix_len, max_seq_len))
+
+
 def draft_budget(remaining: int, prefix_len: int, max_seq_len: int, max_rows: int | None) -> DraftBudget:
     """What a drafter may propose after `prefix_len` committed tokens with `remaining` tokens
     left to generate: under a cap (`max_rows`, from `exact_rows`), a chain of at most that
     many nodes, root included, whose rows end in the key block the root's row ends in."""
     room = max_seq_len - prefix_len
     if max_rows is not None:
-        room = min(room, max_rows, rows_in_key_block(prefix_len, max_seq_len))
+        room = min(room, exact_call_rows(prefix_len, max_seq_len, max_rows))
     return DraftBudget(max_depth=remaining - 1, max_nodes=room, chain_only=max_rows is not None)
 
 

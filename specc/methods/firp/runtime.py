@@ -43,7 +43,7 @@ from specc.contract.tree import TreeSpec, TreeTensors, tree_tensors
 from specc.contract.verification import Acceptance, Verification
 from specc.methods.firp.config import FIRPConfig
 from specc.runtime.cached_model import CachedModel, chunk_layout, tree_layout
-from specc.runtime.masks import rows_in_key_block
+from specc.runtime.exactness import exact_call_rows
 from specc.runtime.per_depth_drafts import sampled_chain, top_k_fan
 from specc.runtime.sampling import probabilities
 
@@ -101,9 +101,8 @@ class PseudoRowTarget:
         """Whether the pseudo rows' scratch slots would run past the cache, or the call past
         the rows the backend computes exactly."""
         rows = n + len(anchors) * self.steps
-        if self.exact_rows is not None and rows > min(self.exact_rows, rows_in_key_block(start, self.max_seq_len)):
-            return True
-        return start + rows > self.max_seq_len
+        cap = exact_call_rows(start, self.max_seq_len, self.exact_rows)
+        return start + rows > self.max_seq_len or (cap is not None and rows > cap)
 
     def _forward(self, tokens, positions, slots, mask, start: int, anchors: tuple[int, ...],
                  layout) -> Verification:
