@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -14,7 +14,9 @@ from specc.capture.export import capture
 from specc.capture.gguf import converted_head_type
 from specc.capture.load import check_dtype, load_model, load_tokenizer, resolve_checkpoint
 from specc.console.progress import StageReporter, progress_bar, ticking
-from specc.contract.descriptor import TARGET, GraphRecipe, TrainingContext, check_backend, get_method
+from specc.contract.config import parse_assignments
+from specc.contract.descriptor import (TARGET, GraphRecipe, MethodDescriptor, TrainingContext, check_backend,
+                                      get_method)
 from specc.contract.program import ProgramGraph, SpeculativeProgram, graph_copy
 from specc.contract.quantization import Quantization, reads_target_weights_to_draft
 from specc.engine.composition import check_composition, lookup_corpus_requested, lookup_corpus_state
@@ -38,6 +40,7 @@ from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
 from specc.runtime.exactness import EXACT_ROWS, call_rows_per_node, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
+from specc.train.model_size import REFERENCE_PARAMETERS, layer_parameters
 
 log = logging.getLogger("specc")
 
@@ -85,11 +88,30 @@ def validate(request: CompileRequest):
     check_draft_quantization(request, method, config)
     check_output_dir(request.output, request.force)
     checkpoint = resolve_checkpoint(request.model)
-    if method.validate is not None:   # the method's own checks against config.json: no weights load
+    if method.validate is not None or method.sized_defaults is not None:   # config.json: no weights load
         from transformers import AutoConfig
 
-        method.validate(config, AutoConfig.from_pretrained(checkpoint))
+        model_config = AutoConfig.from_pretrained(checkpoint)
+        config = sized_config(method, config, request.settings, model_config)
+        if method.validate is not None:
+            method.validate(config, model_config)
     return method, backend, config, checkpoint
+
+
+def sized_config(method: MethodDescriptor, config, settings, model_config):
+    """`config` with the defaults the method scales to this model (`MethodDescriptor.sized_defaults`)
+    in place of its declared ones, for every field `settings` (the user's) leaves unset."""
+    if method.sized_defaults is None:
+        return config
+    given = set(settings) if isinstance(settings, dict) else set(parse_assignments(list(settings)))
+    sized = {name: value for name, value in method.sized_defaults(model_config).items()
+             if name not in given and value != getattr(config, name)}
+    if sized:
+        log.warning("%s: %s for a model of about %.1fB parameters in its layers (declared defaults hold up to "
+                    "%.2fB; --set any of them to choose)", method.name,
+                    ", ".join(f"{name}={value}" for name, value in sized.items()),
+                    layer_parameters(model_config) / 1e9, REFERENCE_PARAMETERS / 1e9)
+    return replace(config, **sized)
 
 
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")

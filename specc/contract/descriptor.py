@@ -144,6 +144,10 @@ class MethodDescriptor:
     # Checks the config against the checkpoint's Hugging Face config (transformers.PretrainedConfig,
     # read from config.json before any weights load); raises UsageError naming the bad --set value.
     validate: Callable[[MethodConfig, object], None] | None = None
+    # The checkpoint's Hugging Face config -> field values that replace the declared defaults for
+    # this model (training lengths scaled to its size: `specc.train.model_size`); fields the user
+    # sets keep the user's values.
+    sized_defaults: Callable[[object], dict[str, Any]] | None = None
 
 
 def check_backend(method: MethodDescriptor, backend) -> None:

@@ -28,6 +28,7 @@ from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHea
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
+from specc.train.model_size import sized_training
 
 __all__ = ["METHOD", "KangarooConfig"]
 
@@ -53,6 +54,10 @@ def _train(context, config: KangarooConfig, tokenizer) -> TrainResult:
     return train_adapter(context, config, tokenizer)
 
 
+# On a model larger than the defaults were measured on, the teacher's windows and the steps shrink
+# with its size (the 1.5B: 264 and 1030), never below these.
+TRAINING_FLOORS = {"train_windows": 128, "train_steps": 300}
+
 METHOD = MethodDescriptor(
     name="kangaroo",
     summary="self-speculation from a shallow exit of the target with a trained adapter head (a copy "
@@ -64,6 +69,7 @@ METHOD = MethodDescriptor(
     trains_on_device=True,
     validate=lambda config, model_config: _validate(config, model_config),
     draft_depth=lambda config: config.max_draft_steps,
+    sized_defaults=lambda model_config: sized_training(model_config, KangarooConfig, TRAINING_FLOORS),
 )
 
 

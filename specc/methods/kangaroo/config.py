@@ -35,9 +35,11 @@ class KangarooConfig(MethodConfig, CompositionOptions, DistillationOptions, Opti
     # DistillationOptions, with Kangaroo's defaults
     train_steps: int = option(3000, "adapter training steps at compile time, one sequence each "
                                     "(0 keeps the initial adapter: copies of layer l's attention and MLP); "
-                                    "agreement and training time by setting: docs/methods/kangaroo.md")
+                                    "agreement and training time by setting: docs/methods/kangaroo.md; on a "
+                                    "model above 0.45B layer parameters the default shrinks with its size")
     train_windows: int = option(768, "distinct training windows (at most train_steps are used): the frozen "
                                      "target runs once on each and its exit states and top-k next-token "
-                                     "probabilities are cached; the steps cycle through them")
+                                     "probabilities are cached; the steps cycle through them; on a model above "
+                                     "0.45B layer parameters the default shrinks with its size")
     learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
                                         "for far longer runs (rates compared: benchmarks/NOTES.md)")
