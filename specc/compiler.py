@@ -40,7 +40,7 @@ from specc.quantize.schemes import BLOCKED, Scheme, head_bits_for, parse_scheme
 from specc.quantize.teacher import TEACHERS, round_linear_weights
 from specc.runtime.exactness import EXACT_ROWS, call_rows_per_node, is_lossless
 from specc.train.dtype import matmul_seconds, training_dtype
-from specc.train.model_size import REFERENCE_PARAMETERS, layer_parameters
+from specc.train.model_size import model_size
 
 log = logging.getLogger("specc")
 
@@ -107,10 +107,8 @@ def sized_config(method: MethodDescriptor, config, settings, model_config):
     sized = {name: value for name, value in method.sized_defaults(model_config).items()
              if name not in given and value != getattr(config, name)}
     if sized:
-        log.warning("%s: %s for a model of about %.1fB parameters in its layers (declared defaults hold up to "
-                    "%.2fB; --set any of them to choose)", method.name,
-                    ", ".join(f"{name}={value}" for name, value in sized.items()),
-                    layer_parameters(model_config) / 1e9, REFERENCE_PARAMETERS / 1e9)
+        log.warning("%s: %s, scaled to this model's size (%s; --set any of them to choose)", method.name,
+                    ", ".join(f"{name}={value:g}" for name, value in sized.items()), model_size(model_config))
     return replace(config, **sized)
 
 

@@ -56,3 +56,9 @@ def test_compile_takes_the_sized_defaults_for_unset_fields_and_says_so(large_che
     assert config.train_steps == (sized["train_steps"] if not settings else 50)
     assert f"train_windows={sized['train_windows']}" in caplog.text
     assert ("train_steps=" in caplog.text) is not bool(settings)
+
+
+def test_eagle_learns_at_a_rate_scaled_to_a_wider_model():
+    sized = get_method("eagle").sized_defaults
+    assert sized(SMOLLM2_135M)["learning_rate"] == 3e-3
+    assert sized(QWEN_1_5B)["learning_rate"] == pytest.approx(3e-3 * 576 / 1536)

@@ -30,10 +30,13 @@ class EagleConfig(MethodConfig, CompositionOptions, DistillationOptions, Optimiz
                                          "unchanged); 0 keeps the full head", at_least=0)
     # DistillationOptions, with eagle's defaults
     train_steps: int = option(2000, "head training steps at compile time, one window each, every window "
-                                    "unrolled ttt_steps deep (0 keeps the initial head)")
+                                    "unrolled ttt_steps deep (0 keeps the initial head); on a model above "
+                                    "0.45B layer parameters the default shrinks with its size")
     train_windows: int = option(768, "distinct training windows: the frozen target runs once on each and its "
-                                     "fused-layer states and top-k next-token probabilities are cached")
-    learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95)")
+                                     "fused-layer states and top-k next-token probabilities are cached; on a "
+                                     "model above 0.45B layer parameters the default shrinks with its size")
+    learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the default is for a "
+                                        "hidden size up to 576 and scales as 1/width above it")
 
     def __post_init__(self):
         super().__post_init__()   # every field's bounds, the option blocks' checks
