@@ -30,11 +30,12 @@ def test_defaults_shrink_in_proportion_above_the_reference_and_stop_at_the_floor
     assert scaled_to_model(3000, QWEN_1_5B, floor=2000) == 2000
 
 
-def test_kangaroo_trains_shorter_on_a_large_model_only():
+def test_kangaroo_trains_shorter_and_slower_on_a_large_model_only():
     sized = get_method("kangaroo").sized_defaults
-    assert sized(SMOLLM2_135M) == {"train_windows": 768, "train_steps": 3000}
+    assert sized(SMOLLM2_135M) == {"train_windows": 768, "train_steps": 3000, "learning_rate": 3e-3}
     large = sized(QWEN_1_5B)
     assert 128 <= large["train_windows"] < 768 and 300 <= large["train_steps"] < 3000
+    assert large["learning_rate"] == pytest.approx(3e-3 * 576 / 1536)
 
 
 @pytest.fixture

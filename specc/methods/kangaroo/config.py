@@ -42,4 +42,5 @@ class KangarooConfig(MethodConfig, CompositionOptions, DistillationOptions, Opti
                                      "probabilities are cached; the steps cycle through them; on a model above "
                                      "0.45B layer parameters the default shrinks with its size")
     learning_rate: float = option(3e-3, "peak AdamW learning rate (betas 0.9, 0.95); the paper's 5e-5 is "
-                                        "for far longer runs (rates compared: benchmarks/NOTES.md)")
+                                        "for far longer runs (rates compared: benchmarks/NOTES.md); the "
+                                        "default is for a hidden size up to 576 and scales as 1/width above it")
