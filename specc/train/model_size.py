@@ -15,6 +15,7 @@ from dataclasses import fields
 
 REFERENCE_PARAMETERS = 450_000_000   # layer parameters up to which the built-in training defaults hold as declared
 REFERENCE_WIDTH = 576                # hidden size the built-in learning rates were tuned at (SmolLM2-135M)
+HEAD_TRAINING_FLOORS = {"train_windows": 128, "train_steps": 300}
 
 
 def _text_config(model_config):
@@ -66,3 +67,11 @@ def model_size(model_config) -> str:
     """What the scaling above reads, for messages."""
     return (f"{layer_parameters(model_config) / 1e9:.2f}B parameters in its layers, hidden size "
             f"{_text_config(model_config).hidden_size}")
+
+
+
+def sized_head_training(model_config, config_class, floors: dict[str, int] = HEAD_TRAINING_FLOORS) -> dict:
+    """For a method that trains a head as wide as its target: the teacher's windows and the steps
+    scaled to the model's size (never below `floors`), and the learning rate scaled to its width."""
+    rate = width_scaled_learning_rate(declared_defaults(config_class)["learning_rate"], model_config)
+    return {**sized_training(model_config, config_class, floors), "learning_rate": rate}

@@ -30,7 +30,7 @@ from specc.methods.eagle.expose_fused_features import ExposeFusedFeatures, Fused
 from specc.methods.eagle.runtime import build_runtime
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
-from specc.train.model_size import declared_defaults, sized_training, width_scaled_learning_rate
+from specc.train.model_size import sized_head_training
 
 __all__ = ["METHOD", "EagleConfig"]
 
@@ -66,16 +66,6 @@ def _validate(config: EagleConfig, model_config) -> None:
     check_calibration_data(config.calib_data)
 
 
-# On a model larger than the defaults were measured on, the teacher's windows and the steps shrink
-# with its size (the 1.5B: 264 and 687), never below these; the learning rate as 1/width.
-TRAINING_FLOORS = {"train_windows": 128, "train_steps": 300}
-
-
-def _sized_defaults(model_config) -> dict:
-    rate = width_scaled_learning_rate(declared_defaults(EagleConfig)["learning_rate"], model_config)
-    return {**sized_training(model_config, EagleConfig, TRAINING_FLOORS), "learning_rate": rate}
-
-
 METHOD = MethodDescriptor(
     name="eagle",
     summary="an EAGLE-3 draft head (fused low/mid/high features, one decoder layer, training-time test) "
@@ -87,5 +77,5 @@ METHOD = MethodDescriptor(
     trains_on_device=True,
     validate=_validate,
     draft_depth=lambda config: config.depth,
-    sized_defaults=lambda model_config: _sized_defaults(model_config),
+    sized_defaults=lambda model_config: sized_head_training(model_config, EagleConfig),
 )

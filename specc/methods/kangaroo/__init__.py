@@ -28,7 +28,7 @@ from specc.passes.attach_adapter_head import AdapterHeadConfig, AttachAdapterHea
 from specc.passes.expose_layer_exit import ExposeLayerExit, LayerExitConfig
 from specc.passes.reduce_draft_vocabulary import reduced_head_passes
 from specc.runtime.draft_logits import DRAFT_VOCABULARY_KEY
-from specc.train.model_size import declared_defaults, sized_training, width_scaled_learning_rate
+from specc.train.model_size import sized_head_training
 
 __all__ = ["METHOD", "KangarooConfig"]
 
@@ -54,15 +54,6 @@ def _train(context, config: KangarooConfig, tokenizer) -> TrainResult:
     return train_adapter(context, config, tokenizer)
 
 
-# On a model larger than the defaults were measured on, the teacher's windows and the steps shrink
-# with its size (the 1.5B: 264 and 1030), never below these; the learning rate as 1/width.
-TRAINING_FLOORS = {"train_windows": 128, "train_steps": 300}
-
-
-def _sized_defaults(model_config) -> dict:
-    rate = width_scaled_learning_rate(declared_defaults(KangarooConfig)["learning_rate"], model_config)
-    return {**sized_training(model_config, KangarooConfig, TRAINING_FLOORS), "learning_rate": rate}
-
 METHOD = MethodDescriptor(
     name="kangaroo",
     summary="self-speculation from a shallow exit of the target with a trained adapter head (a copy "
@@ -74,7 +65,7 @@ METHOD = MethodDescriptor(
     trains_on_device=True,
     validate=lambda config, model_config: _validate(config, model_config),
     draft_depth=lambda config: config.max_draft_steps,
-    sized_defaults=lambda model_config: _sized_defaults(model_config),
+    sized_defaults=lambda model_config: sized_head_training(model_config, KangarooConfig),
 )
 
 
