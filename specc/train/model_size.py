@@ -69,7 +69,6 @@ def model_size(model_config) -> str:
             f"{_text_config(model_config).hidden_size}")
 
 
-
 def sized_head_training(model_config, config_class, floors: dict[str, int] = HEAD_TRAINING_FLOORS) -> dict:
     """For a method that trains a head as wide as its target: the teacher's windows and the steps
     scaled to the model's size (never below `floors`), and the learning rate scaled to its width."""
