@@ -67,6 +67,21 @@ def test_the_portable_path_computes_the_same_bits_as_the_vector_one(bits, inputs
                        torch.ops.specc.blocked_matmul(rows, packed, bits, OUT))
 
 
+def test_the_portable_path_quantizes_activations_as_the_vector_one():
+    """Halfway cases (a block whose scale is 1 holding k + 0.5), an all-zero block and tiny and
+    huge blocks: the vector quantizer rounds each like the scalar one (to nearest even)."""
+    ties = torch.tensor([127.0] + [sign * (k + 0.5) for k in range(15) for sign in (1, -1)] + [0.5])
+    rows = _rows(2)
+    rows[0, :blocked.BLOCK] = ties
+    rows[0, blocked.BLOCK:2 * blocked.BLOCK] = 0
+    rows[1, :blocked.BLOCK] *= 1e-30
+    rows[1, blocked.BLOCK:2 * blocked.BLOCK] *= 1e30
+    for bits in blocked.BITS:
+        packed = blocked.pack_blocked(_weight(), bits)
+        assert torch.equal(blocked.scalar_blocked_matmul(rows, packed, bits, OUT),
+                           torch.ops.specc.blocked_matmul(rows, packed, bits, OUT))
+
+
 def test_zero_rows_and_a_zero_block_are_computed():
     packed = blocked.pack_blocked(_weight(), 4)
     assert torch.ops.specc.blocked_matmul(_rows(0), packed, 4, OUT).shape == (0, OUT)

@@ -74,11 +74,8 @@ struct QuantizedRows {
     std::vector<float> sums;      // [rows, k / 32]: scale * sum of the block's values
 };
 
-void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out) {
+void quantize_rows_scalar(const uint16_t* x, int rows, int k, QuantizedRows& out) {
     const int blocks = k / kBlock;
-    out.values.resize(static_cast<size_t>(rows) * k);
-    out.scales.resize(static_cast<size_t>(rows) * blocks);
-    out.sums.resize(static_cast<size_t>(rows) * blocks);
     for (int r = 0; r < rows; ++r) {
         for (int b = 0; b < blocks; ++b) {
             const uint16_t* src = x + static_cast<size_t>(r) * k + b * kBlock;
@@ -100,6 +97,49 @@ void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out) {
             out.sums[static_cast<size_t>(r) * blocks + b] = scale * static_cast<float>(sum);
         }
     }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The scalar quantizer's arithmetic on 16 lanes: the same products, rounded to nearest even
+// (the default mode nearbyint also rounds in), so the same bytes, scales and sums.
+void quantize_rows_vector(const uint16_t* x, int rows, int k, QuantizedRows& out) {
+    const int blocks = k / kBlock;
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int r = 0; r < rows; ++r) {
+        for (int b = 0; b < blocks; ++b) {
+            const uint16_t* src = x + static_cast<size_t>(r) * k + b * kBlock;
+            __m512 v[2];
+            for (int h = 0; h < 2; ++h) {
+                const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * h));
+                v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+            }
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], magnitude),
+                                                                    _mm512_and_ps(v[1], magnitude)));
+            const float scale = amax / 127.f;
+            const __m512 inverse = _mm512_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
+            int8_t* q = out.values.data() + static_cast<size_t>(r) * k + b * kBlock;
+            __m512i sum = _mm512_setzero_si512();
+            for (int h = 0; h < 2; ++h) {
+                const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inverse));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtsepi32_epi8(rounded));
+                sum = _mm512_add_epi32(sum, rounded);
+            }
+            out.scales[static_cast<size_t>(r) * blocks + b] = scale;
+            out.sums[static_cast<size_t>(r) * blocks + b] = scale * static_cast<float>(_mm512_reduce_add_epi32(sum));
+        }
+    }
+}
+#endif
+
+void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out, bool scalar) {
+    const int blocks = k / kBlock;
+    out.values.resize(static_cast<size_t>(rows) * k);
+    out.scales.resize(static_cast<size_t>(rows) * blocks);
+    out.sums.resize(static_cast<size_t>(rows) * blocks);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (!scalar) return quantize_rows_vector(x, rows, k, out);
+#endif
+    quantize_rows_scalar(x, rows, k, out);
 }
 
 template <int Bits>
@@ -263,7 +303,7 @@ inline void request_ahead(const uint8_t* start, size_t bytes) {
 template <int Bits>
 void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, uint16_t* y, bool scalar) {
     QuantizedRows a;
-    quantize_rows(x, rows, k, a);
+    quantize_rows(x, rows, k, a, scalar);
     const int blocks = k / kBlock;
     const size_t stride = tile_bytes<Bits>(blocks);
     const int tiles = n / kTile;
