@@ -35,14 +35,12 @@ constexpr int kGroup = 8;   // blocks per group
 constexpr int kTile = 16;
 constexpr int kLine = 64;
 constexpr int kRowTile = 4;
-// How far ahead the weights are requested: into the outer caches from far ahead, so that
-// many lines are in flight, and into L1 from near. On a Xeon the hardware prefetcher alone
-// read ~14 GB/s, one T0 prefetch at 16 KiB ~21, a pair at 64 and 8 KiB ~24 (a float32 torch
-// sum: ~23). Each thread also requests the first far distance of its share before it starts,
-// which the loop's own requests never cover: on an EPYC, with the far distance cut to
-// 24 KiB, a decode step's matmuls ran 3-7% faster than with the 64 KiB pair alone.
-constexpr int kFarPrefetchBytes = 24576;
-constexpr int kNearPrefetchBytes = 8192;
+// How far ahead the weights are requested: one non-temporal request per line, a few KiB ahead
+// (they are read once a step, so they need not displace anything from the outer caches), and
+// each thread's first lines before it starts, which the loop's own requests never cover. Fewer
+// and nearer requests left the core time to keep up when the memory delivered more: the
+// measurements are in docs/quantization.md ("Memory").
+constexpr int kPrefetchBytes = 6144;
 
 using specc_cpu::bf16_to_float;
 using specc_cpu::float_to_bf16;
@@ -206,13 +204,11 @@ void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, i
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr bool kVector = true;
 
-// The lines of this block's share of its group requested ahead: the far distance into the outer
-// caches, the near one into L1.
+// The lines of this block's share of its group requested ahead.
 inline void prefetch_share(const uint8_t* group, size_t bytes, int size, int j) {
     const size_t begin = bytes * j / size / kLine * kLine, end = bytes * (j + 1) / size / kLine * kLine;
     for (size_t line = begin; line < end; line += kLine) {
-        _mm_prefetch(reinterpret_cast<const char*>(group + kFarPrefetchBytes + line), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(group + kNearPrefetchBytes + line), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
     }
 }
 
@@ -313,7 +309,7 @@ void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, ui
         const int share = tiles / threads, longer = tiles % threads;   // omp's static schedule, by hand
         const int first = thread * share + std::min(thread, longer);
         const int last = first + share + (thread < longer ? 1 : 0);
-        request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kFarPrefetchBytes));
+        request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kPrefetchBytes));
         for (int t = first; t < last; ++t) {
             const uint8_t* tile = weight + t * stride;
             for (int r0 = 0; r0 < rows; r0 += kRowTile) {
