@@ -81,10 +81,48 @@ inline float score(const float* q, const T* k, int dim) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// The 16 lane sums of 16 keys' accumulators at once, each in lanes_sum's order (halves, then
+// quarters, then pairs, then the last two: _mm512_reduce_add_ps's), so a key's score is the
+// same bits as when it is summed alone; out[k] is key k's.
+inline void sums_of_16(const __m512 (&acc)[16], float* out) {
+    __m512 halves[8], quarters[4], pairs[2];
+    for (int p = 0; p < 8; ++p) {   // lanes i + (i + 8) of keys 2p and 2p + 1
+        halves[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int r = 0; r < 4; ++r) {   // + (i + 4): keys 4r .. 4r + 3, one per 128-bit quarter
+        quarters[r] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * r], halves[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(halves[2 * r], halves[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    for (int s = 0; s < 2; ++s) {   // + (i + 2): quarter j holds keys 8s + j and 8s + 4 + j
+        pairs[s] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * s], quarters[2 * s + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(quarters[2 * s], quarters[2 * s + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // + (i + 1): lane 4j + t is key 4t + j.
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i lane_of_key = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(lane_of_key, sums));
+}
+
 template <typename T>
 void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
-    constexpr int kKeys = 4;
+    constexpr int kWide = 16, kKeys = 4;
     int i = 0;
+    for (; i + kWide <= n; i += kWide) {
+        __m512 acc[kWide];
+        const T* k[kWide];
+        for (int u = 0; u < kWide; ++u) {
+            acc[u] = _mm512_setzero_ps();
+            k[u] = keys + seen[i + u] * key_stride;
+        }
+        for (int d = 0; d < dim; d += kLanes) {
+            const __mmask16 m = lanes_below(dim - d);
+            const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
+            for (int u = 0; u < kWide; ++u) acc[u] = _mm512_fmadd_ps(qd, load16(k[u] + d, m), acc[u]);
+        }
+        sums_of_16(acc, out + i);
+    }
     for (; i + kKeys <= n; i += kKeys) {
         __m512 acc[kKeys];
         const T* k[kKeys];
@@ -198,16 +236,33 @@ struct Strides {
     int64_t batch, head, position, element;   // in elements (0 on a broadcast axis); position: a query row or a key
 };
 
+// The keys row `mask` allows, in order, into `seen`; their count.
+inline int seen_keys(const bool* mask, int kv, int64_t stride, int* seen) {
+    int n = 0, j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (stride == 1) {
+        const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (; j + kLanes <= kv; j += kLanes) {
+            const __mmask16 allowed = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + j)),
+                                                         _mm_set1_epi8(1));
+            _mm512_mask_compressstoreu_epi32(seen + n, allowed, _mm512_add_epi32(lanes, _mm512_set1_epi32(j)));
+            n += __builtin_popcount(allowed);
+        }
+    }
+#endif
+    for (; j < kv; ++j) {
+        seen[n] = j;
+        n += mask[j * stride] ? 1 : 0;
+    }
+    return n;
+}
+
 template <typename T>
 void one_row(const T* query, const T* keys, const T* values, const bool* mask, int kv, int dim,
              float scale, const Strides& key_strides, const Strides& value_strides, int64_t mask_key_stride,
              T* out, std::vector<float>& q, std::vector<int>& seen, std::vector<float>& weights,
              std::vector<float>& acc) {
-    int n = 0;
-    for (int j = 0; j < kv; ++j) {
-        seen[n] = j;
-        n += mask[j * mask_key_stride] ? 1 : 0;
-    }
+    const int n = seen_keys(mask, kv, mask_key_stride, seen.data());
     if (n == 0) {
         for (int d = 0; d < dim; ++d) out[d] = store<T>(0.f);
         return;
