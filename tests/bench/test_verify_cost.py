@@ -32,6 +32,19 @@ def test_each_engine_reports_every_row_count_against_one_row(verify_cost, none_e
     assert all(r["ms"] > 0 for r in rows.values())
 
 
+def test_the_bound_compares_the_one_row_call_with_the_read_rate(verify_cost, none_engine, monkeypatch):
+    from specc.bench import bandwidth
+    samples = bandwidth.BandwidthSamples
+    monkeypatch.setattr(bandwidth, "BandwidthSamples", lambda: samples(read=lambda: 1e9))   # reads 1 GB/s
+    report = verify_cost.measure([none_engine], "target", 20, [1], 3, bound=True)
+    entry = report["engines"][0]
+    limit = entry["bound"]
+    assert limit["read_samples"] == 3 and limit["read_bytes_per_second"] == 10**9
+    step = entry["rows"]["1"]["ms"] / 1000
+    assert limit["share_of_bound"] == pytest.approx(limit["weight_bytes_per_token"] / 1e9 / step, rel=0.02)
+    assert "of the bound" in verify_cost.format_table(report)
+
+
 def test_bad_requests_are_clear_errors(verify_cost, none_engine):
     with pytest.raises(UsageError, match="has no graph 'draft'"):
         verify_cost.measure([none_engine], "draft", 20, [1], 1)
