@@ -50,6 +50,20 @@ def test_a_row_is_the_same_bits_in_calls_of_any_size_hidden_keys_and_threads():
         assert torch.equal(torch.ops.specc.row_attention(query, wider_key, wider_value, hidden, None), together)
 
 
+@pytest.mark.parametrize("dim", [40, 64])
+def test_a_key_scores_the_same_bits_whichever_group_it_is_summed_in(dim):
+    """Keys are scored 16, 4 or 1 at a time; 21 copies of one key take all three ways, and
+    with one-hot values each copy's weight shows in the output: equal scores, equal outputs."""
+    g = torch.Generator().manual_seed(3)
+    keys, rows = 21, 32   # a differently grouped sum rounds differently for some of the rows' queries
+    query = torch.randn(1, 1, rows, dim, generator=g) * 4
+    key = torch.randn(1, 1, 1, dim, generator=g).expand(1, 1, keys, dim).contiguous()
+    value = torch.eye(keys, dim)[None, None]
+    mask = torch.ones(1, 1, rows, keys, dtype=torch.bool)
+    out = torch.ops.specc.row_attention(query, key, value, mask, None)[0, 0, :, :keys]
+    assert all(torch.unique(row).numel() == 1 for row in out)
+
+
 def test_a_row_that_may_see_no_key_is_zeros():
     query, key, value, mask = _inputs(3, 8)
     mask[:, :, 1] = False
