@@ -105,36 +105,34 @@ inline void sums_of_16(const __m512 (&acc)[16], float* out) {
     _mm512_storeu_ps(out, _mm512_permutexvar_ps(lane_of_key, sums));
 }
 
+// acc[u] = lanes of q . k for the `Keys` keys seen[0 .. Keys), each key's chain over d in order.
+template <int Keys, typename T>
+inline void accumulate(const float* q, const T* keys, int64_t key_stride, const int* seen, int dim,
+                       __m512 (&acc)[Keys]) {
+    const T* k[Keys];
+    for (int u = 0; u < Keys; ++u) {
+        acc[u] = _mm512_setzero_ps();
+        k[u] = keys + seen[u] * key_stride;
+    }
+    for (int d = 0; d < dim; d += kLanes) {
+        const __mmask16 m = lanes_below(dim - d);
+        const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
+        for (int u = 0; u < Keys; ++u) acc[u] = _mm512_fmadd_ps(qd, load16(k[u] + d, m), acc[u]);
+    }
+}
+
 template <typename T>
 void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
     constexpr int kWide = 16, kKeys = 4;
     int i = 0;
     for (; i + kWide <= n; i += kWide) {
         __m512 acc[kWide];
-        const T* k[kWide];
-        for (int u = 0; u < kWide; ++u) {
-            acc[u] = _mm512_setzero_ps();
-            k[u] = keys + seen[i + u] * key_stride;
-        }
-        for (int d = 0; d < dim; d += kLanes) {
-            const __mmask16 m = lanes_below(dim - d);
-            const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
-            for (int u = 0; u < kWide; ++u) acc[u] = _mm512_fmadd_ps(qd, load16(k[u] + d, m), acc[u]);
-        }
+        accumulate(q, keys, key_stride, seen + i, dim, acc);
         sums_of_16(acc, out + i);
     }
     for (; i + kKeys <= n; i += kKeys) {
         __m512 acc[kKeys];
-        const T* k[kKeys];
-        for (int u = 0; u < kKeys; ++u) {
-            acc[u] = _mm512_setzero_ps();
-            k[u] = keys + seen[i + u] * key_stride;
-        }
-        for (int d = 0; d < dim; d += kLanes) {
-            const __mmask16 m = lanes_below(dim - d);
-            const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
-            for (int u = 0; u < kKeys; ++u) acc[u] = _mm512_fmadd_ps(qd, load16(k[u] + d, m), acc[u]);
-        }
+        accumulate(q, keys, key_stride, seen + i, dim, acc);
         for (int u = 0; u < kKeys; ++u) out[i + u] = _mm512_reduce_add_ps(acc[u]);
     }
     for (; i < n; ++i) out[i] = score(q, keys + seen[i] * key_stride, dim);
