@@ -54,6 +54,10 @@ themselves read their weights at about the machine's sum bandwidth. Packages
 for the CPU therefore keep kernels of fewer than `MIN_CHUNK_PER_THREAD`
 elements per thread on one thread, which made a bfloat16 decode step faster;
 a larger threshold gained nothing more.
+
+specc's own CPU operators (the quantized matmul and row attention) are called
+from a package as plain C functions (`c_shims`), not through the package's
+proxy executor.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ import torch.utils._pytree as pytree
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import rows_computed_alike
 from specc.graph.signature import dynamic_dims, example_inputs
+from specc.lower import c_shims
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
@@ -109,6 +114,7 @@ class AOTInductorBackend(Backend):
         if built_with != torch.__version__:
             raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
                              f"{torch.__version__}; recompile the engine")
+        c_shims.expose(target.module, target.device)
         narrow = _load_package(package, target.device)
         # Packages from before alike graphs ran unpadded record nothing: they serve up to
         # NARROW_MAX_ROWS rows, traced at 4.
@@ -234,11 +240,13 @@ def packaging_config(target: LoweringTarget) -> dict:
     """Inductor settings for a package: freezing always; on the CPU also GEMM autotuning
     between Inductor's own C++ micro-kernel template and ATen (oneDNN), which the C++
     template won for the decode-sized linears measured, and small kernels kept on one
-    thread (see the module docstring); rounding as eager rounds, as under `inductor`."""
+    thread (see the module docstring); rounding as eager rounds, as under `inductor`; specc's
+    operators called through their C shims."""
     config = {"freezing": True, **exact_rounding(target.device)}
     if target.device.type == "cpu":
         config.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                        "cpp.min_chunk_size": MIN_CHUNK_PER_THREAD, **QUIET_AUTOTUNING})
+    config.update(c_shims.shim_config(target.module, target.device))
     return config
 
 

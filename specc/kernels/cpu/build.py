@@ -103,7 +103,8 @@ def _build(name: str, cxx: str, destination: Path) -> None:
 @cache
 def load_library(name: str) -> ctypes.CDLL:
     """The compiled library `name` (`LIBRARIES`, else `<name>.cpp` here), built first if this machine
-    has no build, loaded (registering the torch operators it implements) and opened with ctypes."""
+    has no build, loaded (registering the torch operators it implements) and opened with ctypes,
+    its symbols global."""
     import torch  # its OpenMP runtime is loaded first, so the kernel shares it
 
     cxx = compiler()
@@ -115,6 +116,7 @@ def load_library(name: str) -> ctypes.CDLL:
         _build(name, cxx, path)
     try:
         torch.ops.load_library(str(path))
-        return ctypes.CDLL(str(path))
+        # Global: AOTInductor packages call the library's C shims by name (specc/lower/c_shims.py).
+        return ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL)
     except OSError as error:
         raise KernelBuildError(f"loading the compiled kernel {path} failed: {error}") from error

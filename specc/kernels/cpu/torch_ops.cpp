@@ -5,9 +5,16 @@
 // call from an AOTInductor package or from eager PyTorch reaches the kernel without Python:
 // through a Python implementation each call cost 20-50 us of wrapping, more than a small
 // matmul or a decode step's attention takes.
+//
+// blocked_matmul and row_attention are also C shims (aoti_torch_cpu_<op>, AOTInductor's calling
+// convention for a custom op's direct call: specc/lower/c_shims.py declares them to Inductor), so a
+// package calls them as plain functions instead of through its proxy executor, which boxes every
+// argument and dispatches by name on each call.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -108,4 +115,35 @@ TORCH_LIBRARY_IMPL(specc, CPU, m) {
     m.impl("row_argmax", &row_argmax);
     m.impl("blocked_matmul", &blocked_matmul);
     m.impl("row_attention", &row_attention);
+}
+
+namespace {
+
+const at::Tensor& tensor_of(AtenTensorHandle handle) {
+    return *torch::aot_inductor::tensor_handle_to_tensor_pointer(handle);
+}
+
+}  // namespace
+
+extern "C" {
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle rows, AtenTensorHandle packed,
+                                                               int64_t bits, int64_t out_features,
+                                                               AtenTensorHandle* ret0) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        *ret0 = torch::aot_inductor::new_tensor_handle(
+            blocked_matmul(tensor_of(rows), tensor_of(packed), bits, out_features));
+    });
+}
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_row_attention(AtenTensorHandle query, AtenTensorHandle key,
+                                                              AtenTensorHandle value, AtenTensorHandle mask,
+                                                              double* scale, AtenTensorHandle* ret0) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        const std::optional<double> given = scale ? std::optional<double>(*scale) : std::nullopt;
+        *ret0 = torch::aot_inductor::new_tensor_handle(
+            row_attention(tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), given));
+    });
+}
+
 }

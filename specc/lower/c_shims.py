@@ -1,0 +1,55 @@
+"""specc's CPU operators called directly from AOTInductor packages (C shims).
+
+A package calls a custom operator through its proxy executor unless Inductor is told
+of a C function for it: the executor boxes every argument and dispatches by name on
+each call, which cost more than the call of a small quantized matmul itself, and a q4
+decode step makes about four such calls a layer. specc's CPU library defines
+`aoti_torch_cpu_<op>` for `blocked_matmul` and `row_attention`
+(`specc/kernels/cpu/torch_ops.cpp`); packages for the CPU whose graph calls them are
+built to call those functions, and their shared object then names them undefined: the
+library must be loaded into the global symbol scope before such a package loads
+(`expose`), which loading any CPU package that calls a specc operator does.
+Measurements: docs/quantization.md ("Calls").
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Inductor writes `extern` declarations of these into the package and calls them by name:
+# aoti_torch_<device>_<operator>, tensors as handles, `float?` as a pointer (null for None).
+DECLARATIONS = {
+    "blocked_matmul": "AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle rows, AtenTensorHandle packed, "
+                      "int64_t bits, int64_t out_features, AtenTensorHandle* ret0)",
+    "row_attention": "AOTITorchError aoti_torch_cpu_row_attention(AtenTensorHandle query, AtenTensorHandle key, "
+                     "AtenTensorHandle value, AtenTensorHandle mask, double* scale, AtenTensorHandle* ret0)",
+}
+
+
+def shimmed_operators(module: torch.nn.Module) -> list[str]:
+    """The specc operators with a C shim that `module`'s graph calls."""
+    graph = getattr(module, "graph", None)
+    nodes = graph.nodes if graph is not None else []
+    called = {getattr(node.target, "overloadpacket", node.target) for node in nodes if node.op == "call_function"}
+    return [name for name in DECLARATIONS if getattr(torch.ops.specc, name) in called]
+
+
+def shim_config(module: torch.nn.Module, device: torch.device) -> dict:
+    """Inductor settings that make a CPU package call specc's operators through their shims."""
+    names = shimmed_operators(module) if device.type == "cpu" else []
+    if not names:
+        return {}
+    return {"aot_inductor.custom_ops_to_c_shims": {_overload(name): [DECLARATIONS[name]] for name in names}}
+
+
+def expose(module: torch.nn.Module, device: torch.device) -> None:
+    """Before a package of `module` loads: specc's CPU library in the global symbol scope,
+    where the package's dynamic loader finds the shims it calls (no-op when it calls none)."""
+    if device.type == "cpu" and shimmed_operators(module):
+        from specc.kernels.cpu.build import NATIVE, load_library
+
+        load_library(NATIVE)   # opened global
+
+
+def _overload(name: str):
+    return getattr(torch.ops.specc, name).default

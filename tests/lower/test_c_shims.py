@@ -1,0 +1,63 @@
+"""A CPU package calls specc's quantized matmul and row attention as C functions, not through
+its proxy executor, and computes what eager PyTorch does."""
+
+from __future__ import annotations
+
+import zipfile
+
+import torch
+
+from specc.kernels import blocked_matmul, row_attention  # noqa: F401  (define torch.ops.specc.*)
+from specc.kernels.blocked_matmul import pack_blocked
+from specc.lower import c_shims
+
+
+class QuantizedLayer(torch.nn.Module):
+    """A quantized projection, then attention over cache rows with the default and an explicit scale."""
+
+    def __init__(self, heads: int = 2, dim: int = 32):
+        super().__init__()
+        self.heads, self.dim = heads, dim
+        weight = torch.randn(heads * dim, 64, generator=torch.Generator().manual_seed(0))
+        self.register_buffer("packed", pack_blocked(weight, 4))
+
+    def forward(self, x, keys, values, mask):
+        query = torch.ops.specc.blocked_matmul(x, self.packed, 4, self.heads * self.dim)
+        query = query.reshape(1, x.shape[0], self.heads, self.dim).transpose(1, 2)
+        default = torch.ops.specc.row_attention(query, keys, values, mask)
+        scaled = torch.ops.specc.row_attention(query, keys, values, mask, 0.5)
+        return default + scaled
+
+
+def _inputs(rows: int = 3, kv: int = 20):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 64, generator=generator).bfloat16()
+    keys, values = (torch.randn(1, 1, kv, 32, generator=generator).bfloat16() for _ in range(2))
+    mask = torch.ones(1, 1, rows, kv, dtype=torch.bool).tril(kv - rows)
+    return x, keys, values, mask
+
+
+def test_the_operators_a_graph_calls_get_shims_on_the_cpu_only():
+    traced = torch.fx.symbolic_trace(QuantizedLayer())
+    assert c_shims.shimmed_operators(traced) == ["blocked_matmul", "row_attention"]
+    config = c_shims.shim_config(traced, torch.device("cpu"))["aot_inductor.custom_ops_to_c_shims"]
+    assert set(config) == {torch.ops.specc.blocked_matmul.default, torch.ops.specc.row_attention.default}
+    assert c_shims.shim_config(traced, torch.device("cuda")) == {}
+    assert c_shims.shim_config(torch.fx.symbolic_trace(torch.nn.Linear(4, 4)), torch.device("cpu")) == {}
+
+
+def test_a_package_calls_the_shims_directly_and_computes_the_same_bits(tmp_path):
+    module = QuantizedLayer()
+    traced = torch.fx.symbolic_trace(module)
+    example = _inputs()
+    with torch._inductor.config.patch(c_shims.shim_config(traced, torch.device("cpu"))):
+        exported = torch.export.export(traced, example)
+        path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "layer.pt2"))
+    with zipfile.ZipFile(path) as package:
+        wrapper = next(package.read(name).decode() for name in package.namelist() if name.endswith("wrapper.cpp"))
+    assert "aoti_torch_cpu_blocked_matmul(" in wrapper and "aoti_torch_cpu_row_attention(" in wrapper
+    assert "proxy_executor_call_function(" not in wrapper
+
+    c_shims.expose(traced, torch.device("cpu"))
+    loaded = torch._inductor.aoti_load_package(path)
+    assert torch.equal(loaded(*example), module(*example))
