@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from specc.kernels import blocked_matmul, row_attention  # noqa: F401  (define torch.ops.specc.*)
+
 # Inductor writes `extern` declarations of these into the package and calls them by name:
 # aoti_torch_<device>_<operator>, tensors as handles, `float?` as a pointer (null for None).
 DECLARATIONS = {

@@ -3,6 +3,8 @@ its proxy executor, and computes what eager PyTorch does."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zipfile
 
 import torch
@@ -44,6 +46,13 @@ def test_the_operators_a_graph_calls_get_shims_on_the_cpu_only():
     assert set(config) == {torch.ops.specc.blocked_matmul.default, torch.ops.specc.row_attention.default}
     assert c_shims.shim_config(traced, torch.device("cuda")) == {}
     assert c_shims.shim_config(torch.fx.symbolic_trace(torch.nn.Linear(4, 4)), torch.device("cpu")) == {}
+
+
+def test_it_looks_for_the_operators_in_an_interpreter_that_imported_nothing_else():
+    """Loading a bfloat16 engine imports no kernel module before asking which shims a graph needs."""
+    check = ("import torch; from specc.lower import c_shims; "
+             "assert c_shims.shimmed_operators(torch.fx.symbolic_trace(torch.nn.Linear(2, 2))) == []")
+    subprocess.run([sys.executable, "-c", check], check=True)
 
 
 def test_a_package_calls_the_shims_directly_and_computes_the_same_bits(tmp_path):
