@@ -19,6 +19,7 @@
 // the vector and the scalar paths compute each lane alike.
 
 #include "bf16.h"
+#include "call_trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -350,6 +351,7 @@ long long specc_blocked_tile_bytes(int k, int bits) {
 int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
                          uint16_t* y, int scalar) {
     if (n % kTile != 0 || k % kBlock != 0 || rows < 0) return 1;
+    const specc_cpu::TracedCall traced(specc_cpu::Traced::matmul);
     if (bits == 4) {
         matmul<4>(x, rows, k, weight, n, y, scalar != 0);
     } else if (bits == 6) {

@@ -11,6 +11,7 @@
 // lanes in a fixed order; exp is a fixed polynomial; a row that may see no key is zeros.
 
 #include "bf16.h"
+#include "call_trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -311,6 +312,7 @@ int specc_row_attention(const void* query, const int64_t* query_strides, const v
                         const bool* mask, const int64_t* mask_strides, int batch, int heads, int kv_heads,
                         int rows, int kv, int dim, float scale, int dtype, void* out) {
     if (batch < 0 || rows < 0 || kv < 0 || dim <= 0 || kv_heads <= 0 || heads % kv_heads != 0) return 1;
+    const specc_cpu::TracedCall traced(specc_cpu::Traced::attention);
     const Strides qs = strides_of(query_strides), ks = strides_of(key_strides), vs = strides_of(value_strides),
                   ms = strides_of(mask_strides);
     if (dtype == 0) {
