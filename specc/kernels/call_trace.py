@@ -20,10 +20,6 @@ class TracedCall:
     end_ns: int
     kind: str   # "matmul" or "attention"
 
-    @property
-    def seconds(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
 
 @contextmanager
 def calls_traced():

@@ -37,10 +37,19 @@ KERNELS = {kernel.name: kernel for kernel in (
 
 def kernels_in_graph(gm: fx.GraphModule) -> list[str]:
     """Names of the specc kernels `gm` (or a GraphModule it calls) runs, sorted."""
-    names = {node.target._opname for node in gm.graph.nodes
-             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-             and node.target.namespace == NAMESPACE}
+    names = {name for node in gm.graph.nodes if node.op == "call_function"
+             for name in [_specc_op_name(node.target)] if name}
     for child in gm.children():
         if isinstance(child, fx.GraphModule):
             names.update(kernels_in_graph(child))
     return sorted(names)
+
+
+def _specc_op_name(target) -> str | None:
+    """`name` when `target` is torch.ops.specc.<name> (an overload, or the packet a symbolic trace records)."""
+    if isinstance(target, torch._ops.OpOverload):
+        target = target.overloadpacket
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        namespace, _, name = target._qualified_op_name.partition("::")
+        return name if namespace == NAMESPACE else None
+    return None

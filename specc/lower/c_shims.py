@@ -15,8 +15,10 @@ Measurements: docs/quantization.md ("Calls").
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 
 from specc.kernels import blocked_matmul, row_attention  # noqa: F401  (define torch.ops.specc.*)
+from specc.kernels.registry import kernels_in_graph
 
 # Inductor writes `extern` declarations of these into the package and calls them by name:
 # aoti_torch_<device>_<operator>, tensors as handles, `float?` as a pointer (null for None).
@@ -29,11 +31,11 @@ DECLARATIONS = {
 
 
 def shimmed_operators(module: torch.nn.Module) -> list[str]:
-    """The specc operators with a C shim that `module`'s graph calls."""
-    graph = getattr(module, "graph", None)
-    nodes = graph.nodes if graph is not None else []
-    called = {getattr(node.target, "overloadpacket", node.target) for node in nodes if node.op == "call_function"}
-    return [name for name in DECLARATIONS if getattr(torch.ops.specc, name) in called]
+    """The specc operators with a C shim that `module`'s graph (or a graph it calls) calls."""
+    if not isinstance(module, fx.GraphModule):
+        return []
+    called = set(kernels_in_graph(module))
+    return [name for name in DECLARATIONS if name in called]
 
 
 def shim_config(module: torch.nn.Module, device: torch.device) -> dict:
