@@ -64,6 +64,44 @@ def test_a_key_scores_the_same_bits_whichever_group_it_is_summed_in(dim):
     assert all(torch.unique(row).numel() == 1 for row in out)
 
 
+def _long_inputs(rows: int, keys: int = 200, seed: int = 1):
+    """Keys over several of the kernel's 64-key chunks, some chunks wholly hidden from some rows."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, HEADS, rows, DIM, generator=g).bfloat16()
+    key, value = (torch.randn(1, KV_HEADS, keys, DIM, generator=g).bfloat16() for _ in range(2))
+    mask = torch.rand(1, 1, rows, keys, generator=g) > 0.3
+    mask[:, :, 0, 64:128] = False
+    return query, key, value, mask
+
+
+def test_keys_over_several_chunks_give_masked_attention():
+    query, key, value, mask = _long_inputs(5)
+    want = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
+                                          enable_gqa=True)
+    torch.testing.assert_close(torch.ops.specc.row_attention(query, key, value, mask, None).double(), want,
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_a_row_is_the_same_bits_whether_the_threads_share_its_chunks_or_take_whole_rows():
+    """A one-row call splits the row's chunks over the threads; a call of many rows gives each
+    thread whole rows; the chunks' summaries combine in the same order either way."""
+    query, key, value, mask = _long_inputs(12)
+    with torch_threads(2):
+        together = torch.ops.specc.row_attention(query, key, value, mask, None)
+        for r in (0, 5, 11):
+            alone = torch.ops.specc.row_attention(query[:, :, r:r + 1], key, value, mask[:, :, r:r + 1], None)
+            assert torch.equal(alone, together[:, :, r:r + 1])
+
+
+def test_heads_that_share_a_mask_compute_the_bits_of_heads_masked_one_by_one():
+    """Query heads of one kv head read its keys together when their mask is one tensor; with a
+    mask given per head (here the same values) each head is computed alone: the bits agree."""
+    query, key, value, mask = _long_inputs(3)
+    per_head = mask.expand(1, HEADS, 3, mask.shape[-1]).contiguous()
+    assert torch.equal(torch.ops.specc.row_attention(query, key, value, mask, None),
+                       torch.ops.specc.row_attention(query, key, value, per_head, None))
+
+
 def test_a_row_that_may_see_no_key_is_zeros():
     query, key, value, mask = _inputs(3, 8)
     mask[:, :, 1] = False

@@ -8,7 +8,9 @@
 // So a row computes the same bits in a one-row decode step as in a verification of
 // several rows, which is what lets a lossless method on a quantized engine verify
 // without padding its calls. Sums run over 16 lanes in a fixed order, then across the
-// lanes in a fixed order; exp is a fixed polynomial; a row that may see no key is zeros.
+// lanes in a fixed order; the keys are taken in chunks of fixed positions whose partial
+// softmaxes combine in chunk order (below); exp is a fixed polynomial; a row that may see no
+// key is zeros.
 
 #include "bf16.h"
 #include "call_trace.h"
@@ -20,10 +22,12 @@
 #include <limits>
 #include <vector>
 #include <immintrin.h>
+#include <omp.h>
 
 namespace {
 
 constexpr int kLanes = 16;
+constexpr int kChunk = 64;   // keys a chunk spans (see attention_by_chunk)
 
 using specc_cpu::float_to_bf16;
 using specc_cpu::load;
@@ -155,13 +159,14 @@ inline __m512 exp_nonpositive16(__m512 x) {
     return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GE_OQ), p, two_n);
 }
 
-// weights[i] = exp(weights[i] - max) in place; returns their sum (lane l sums i = l mod 16).
-inline float softmax_numerators(float* weights, int n) {
+// weights[i] = exp(weights[i] - max) in place; *top = max; returns their sum (lane l sums i = l mod 16).
+inline float softmax_numerators(float* weights, int n, float* top_out) {
     __m512 highest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int i = 0; i < n; i += kLanes) {
         highest = _mm512_max_ps(highest, _mm512_mask_loadu_ps(highest, lanes_below(n - i), weights + i));
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(highest));
+    *top_out = _mm512_reduce_max_ps(highest);
+    const __m512 top = _mm512_set1_ps(*top_out);
     __m512 sums = _mm512_setzero_ps();
     for (int i = 0; i < n; i += kLanes) {
         const __mmask16 m = lanes_below(n - i);
@@ -196,6 +201,93 @@ void weighted_sum(const float* weights, const T* values, int64_t value_stride, c
         for (int c = 0; c < kChunks; ++c) _mm512_mask_storeu_ps(acc + d0 + c * kLanes, masks[c], sums[c]);
     }
 }
+
+// Every cache line of the n rows asked of the memory at once: a chunk's rows are read one after
+// another, too slowly for the hardware prefetcher to run far enough ahead in a short chunk.
+template <typename T>
+inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, int dim) {
+    const int64_t bytes = static_cast<int64_t>(dim) * sizeof(T);
+    for (int i = 0; i < n; ++i) {
+        const char* row = reinterpret_cast<const char*>(rows + seen[i] * stride);
+        for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+    }
+}
+
+// scores() for H query heads against the same keys, each key's K rows loaded once for all of
+// them: out[h][i] is head h's score of key i, the same arithmetic (so bits) as scores().
+template <int H, typename T>
+void scores_of_heads(const float* const* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim,
+                     float* const* out) {
+    constexpr int kKeys = 4;
+    auto accumulate_heads = [&](const int* at, __m512 (&acc)[H][kKeys]) {
+        const T* k[kKeys];
+        for (int u = 0; u < kKeys; ++u) k[u] = keys + at[u] * key_stride;
+        for (int h = 0; h < H; ++h) {
+            for (int u = 0; u < kKeys; ++u) acc[h][u] = _mm512_setzero_ps();
+        }
+        for (int d = 0; d < dim; d += kLanes) {
+            const __mmask16 m = lanes_below(dim - d);
+            __m512 kd[kKeys];
+            for (int u = 0; u < kKeys; ++u) kd[u] = load16(k[u] + d, m);
+            for (int h = 0; h < H; ++h) {
+                const __m512 qd = _mm512_maskz_loadu_ps(m, q[h] + d);
+                for (int u = 0; u < kKeys; ++u) acc[h][u] = _mm512_fmadd_ps(qd, kd[u], acc[h][u]);
+            }
+        }
+    };
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 lanes[H][16];
+        for (int u0 = 0; u0 < 16; u0 += kKeys) {
+            __m512 acc[H][kKeys];
+            accumulate_heads(seen + i + u0, acc);
+            for (int h = 0; h < H; ++h) {
+                for (int u = 0; u < kKeys; ++u) lanes[h][u0 + u] = acc[h][u];
+            }
+        }
+        for (int h = 0; h < H; ++h) sums_of_16(lanes[h], out[h] + i);
+    }
+    for (; i + kKeys <= n; i += kKeys) {
+        __m512 acc[H][kKeys];
+        accumulate_heads(seen + i, acc);
+        for (int h = 0; h < H; ++h) {
+            for (int u = 0; u < kKeys; ++u) out[h][i + u] = _mm512_reduce_add_ps(acc[h][u]);
+        }
+    }
+    for (; i < n; ++i) {
+        for (int h = 0; h < H; ++h) out[h][i] = score(q[h], keys + seen[i] * key_stride, dim);
+    }
+}
+
+// weighted_sum() for H heads' weights over the same values, each value row loaded once: acc[h][d],
+// the same arithmetic as weighted_sum().
+template <int H, typename T>
+void weighted_sums_of_heads(const float* const* weights, const T* values, int64_t value_stride, const int* seen,
+                            int n, int dim, float* const* acc) {
+    constexpr int kChunks = 4;
+    for (int d0 = 0; d0 < dim; d0 += kChunks * kLanes) {
+        __m512 sums[H][kChunks];
+        __mmask16 masks[kChunks];
+        for (int c = 0; c < kChunks; ++c) {
+            masks[c] = dim - d0 - c * kLanes > 0 ? lanes_below(dim - d0 - c * kLanes) : 0;
+            for (int h = 0; h < H; ++h) sums[h][c] = _mm512_setzero_ps();
+        }
+        for (int i = 0; i < n; ++i) {
+            const T* v = values + seen[i] * value_stride + d0;
+            __m512 vc[kChunks];
+            for (int c = 0; c < kChunks; ++c) vc[c] = masks[c] ? load16(v + c * kLanes, masks[c]) : _mm512_setzero_ps();
+            for (int h = 0; h < H; ++h) {
+                const __m512 w = _mm512_set1_ps(weights[h][i]);
+                for (int c = 0; c < kChunks; ++c) {
+                    if (masks[c]) sums[h][c] = _mm512_fmadd_ps(w, vc[c], sums[h][c]);
+                }
+            }
+        }
+        for (int h = 0; h < H; ++h) {
+            for (int c = 0; c < kChunks; ++c) _mm512_mask_storeu_ps(acc[h] + d0 + c * kLanes, masks[c], sums[h][c]);
+        }
+    }
+}
 #else
 constexpr bool kVector = false;
 
@@ -209,9 +301,10 @@ void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, 
     }
 }
 
-inline float softmax_numerators(float* weights, int n) {
+inline float softmax_numerators(float* weights, int n, float* top_out) {
     float highest = -std::numeric_limits<float>::infinity();
     for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
+    *top_out = highest;
     float lanes[kLanes] = {};
     for (int i = 0; i < n; ++i) {
         weights[i] = exp_nonpositive(weights[i] - highest);
@@ -256,44 +349,223 @@ inline int seen_keys(const bool* mask, int kv, int64_t stride, int* seen) {
     return n;
 }
 
+// The keys are taken in chunks of kChunk fixed positions ([c * kChunk, (c + 1) * kChunk)); a
+// row's softmax over a chunk's allowed keys is summarised by its top score, the sum of
+// exp(score - top) and the unnormalised weighted sum of the values, and the chunks' summaries
+// are combined in chunk order. Chunk bounds are positions, not counts of allowed keys, so a
+// row's chunks (and its bits) depend on its mask and keys only; whether one thread runs all of
+// a row's chunks or the threads share them (a decode step has too few rows to keep two cores
+// busy, and reads the cache once per kv head either way) does not change a bit.
+struct ChunkSummary {
+    int count;     // allowed keys; 0: the chunk adds nothing
+    float top;     // their highest score
+    float total;   // sum over them of exp(score - top)
+};
+
+struct Scratch {
+    Scratch(int dim, int group) : q(dim * group), weights(kChunk * group), seen(kChunk), sum(dim) {}
+    std::vector<float> q, weights;   // a row's scaled query and chunk weights, per head of a kv head's group
+    std::vector<int> seen;
+    std::vector<float> sum;
+};
+
+// The summary of chunk `c` for one (batch, head, row); acc[dim] gets the weighted sum of its values.
 template <typename T>
-void one_row(const T* query, const T* keys, const T* values, const bool* mask, int kv, int dim,
-             float scale, const Strides& key_strides, const Strides& value_strides, int64_t mask_key_stride,
-             T* out, std::vector<float>& q, std::vector<int>& seen, std::vector<float>& weights,
-             std::vector<float>& acc) {
-    const int n = seen_keys(mask, kv, mask_key_stride, seen.data());
-    if (n == 0) {
+ChunkSummary summarise_chunk(const float* q, const T* keys, const T* values, const bool* mask, int kv, int dim,
+                             const Strides& ks, const Strides& vs, int64_t mask_key_stride, int c, Scratch& scratch,
+                             float* acc) {
+    const int begin = c * kChunk, end = std::min(kv, begin + kChunk);
+    const int n = seen_keys(mask + begin * mask_key_stride, end - begin, mask_key_stride, scratch.seen.data());
+    ChunkSummary summary{n, 0.f, 0.f};
+    if (n == 0) return summary;
+    scores(q, keys + begin * ks.position, ks.position, scratch.seen.data(), n, dim, scratch.weights.data());
+    summary.total = softmax_numerators(scratch.weights.data(), n, &summary.top);
+    weighted_sum(scratch.weights.data(), values + begin * vs.position, vs.position, scratch.seen.data(), n, dim, acc);
+    return summary;
+}
+
+// out[dim] from a row's chunk summaries, in chunk order; zeros when no chunk has a key.
+template <typename T>
+void combine(const ChunkSummary* summaries, const float* accs, int chunks, int dim, std::vector<float>& sum, T* out) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int c = 0; c < chunks; ++c) {
+        if (summaries[c].count) top = std::max(top, summaries[c].top);
+    }
+    if (top == -std::numeric_limits<float>::infinity()) {
         for (int d = 0; d < dim; ++d) out[d] = store<T>(0.f);
         return;
     }
-    for (int d = 0; d < dim; ++d) q[d] = load<T>(query + d) * scale;
-    scores(q.data(), keys, key_strides.position, seen.data(), n, dim, weights.data());
-    const float total = softmax_numerators(weights.data(), n);
-    weighted_sum(weights.data(), values, value_strides.position, seen.data(), n, dim, acc.data());
-    for (int d = 0; d < dim; ++d) out[d] = store<T>(acc[d] / total);
+    std::fill(sum.begin(), sum.end(), 0.f);
+    float total = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+        if (!summaries[c].count) continue;
+        const float weight = exp_nonpositive(summaries[c].top - top);
+        total += summaries[c].total * weight;
+        const float* acc = accs + static_cast<int64_t>(c) * dim;
+        for (int d = 0; d < dim; ++d) sum[d] += acc[d] * weight;
+    }
+    for (int d = 0; d < dim; ++d) out[d] = store<T>(sum[d] / total);
+}
+
+struct Shape {
+    int batch, heads, kv_heads, rows, kv, dim, chunks;
+    float scale;
+    int group() const { return heads / kv_heads; }
+};
+
+struct Operands {
+    Strides qs, ks, vs, ms;
+};
+
+// query row (b, h, r), scaled, into q.
+template <typename T>
+void scaled_query(const T* query, const Operands& o, const Shape& s, int b, int h, int r, float* q) {
+    const T* row = query + b * o.qs.batch + h * o.qs.head + r * o.qs.position;
+    for (int d = 0; d < s.dim; ++d) q[d] = load<T>(row + d) * s.scale;
+}
+
+// Chunk c of (b, h, r) summarised into summary / acc.
+template <typename T>
+void summarise(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o, const Shape& s,
+               int b, int h, int r, int c, Scratch& scratch, ChunkSummary* summary, float* acc) {
+    const int g = h / s.group();
+    scaled_query(query, o, s, b, h, r, scratch.q.data());
+    *summary = summarise_chunk<T>(scratch.q.data(), keys + b * o.ks.batch + g * o.ks.head,
+                                  values + b * o.vs.batch + g * o.vs.head,
+                                  mask + b * o.ms.batch + h * o.ms.head + r * o.ms.position, s.kv, s.dim, o.ks, o.vs,
+                                  o.ms.element, c, scratch, acc);
+}
+
+// Chunk c of (b, h, r) for each query head h of kv head g: head i's summary at summaries[i * stride],
+// its weighted sum at accs[i * stride * dim]. When the heads share a mask, the chunk's keys and
+// values are read once for up to four heads at a time; each head's arithmetic, so its bits, stay
+// those of summarise().
+template <typename T>
+void summarise_group(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
+                     const Shape& s, int b, int g, int r, int c, Scratch& scratch, ChunkSummary* summaries,
+                     int64_t stride, float* accs) {
+    const int group = s.group();
+    if (!kVector || group == 1 || o.ms.head != 0) {
+        for (int i = 0; i < group; ++i) {
+            summarise<T>(query, keys, values, mask, o, s, b, g * group + i, r, c, scratch, &summaries[i * stride],
+                         &accs[i * stride * s.dim]);
+        }
+        return;
+    }
+#if defined(__AVX512F__)
+    const int begin = c * kChunk, end = std::min(s.kv, begin + kChunk);
+    const bool* row_mask = mask + b * o.ms.batch + r * o.ms.position + begin * o.ms.element;
+    const int n = seen_keys(row_mask, end - begin, o.ms.element, scratch.seen.data());
+    for (int i = 0; i < group; ++i) summaries[i * stride] = ChunkSummary{n, 0.f, 0.f};
+    if (n == 0) return;
+    const T* k = keys + b * o.ks.batch + g * o.ks.head + begin * o.ks.position;
+    const T* v = values + b * o.vs.batch + g * o.vs.head + begin * o.vs.position;
+    request_rows(k, o.ks.position, scratch.seen.data(), n, s.dim);
+    request_rows(v, o.vs.position, scratch.seen.data(), n, s.dim);
+    for (int first = 0; first < group; first += 4) {
+        const int heads = std::min(4, group - first);
+        const float* q[4];
+        float* weights[4];
+        float* acc[4];
+        for (int i = 0; i < heads; ++i) {
+            float* qi = &scratch.q[static_cast<int64_t>(first + i) * s.dim];
+            scaled_query(query, o, s, b, g * group + first + i, r, qi);
+            q[i] = qi;
+            weights[i] = &scratch.weights[static_cast<int64_t>(first + i) * kChunk];
+            acc[i] = &accs[(first + i) * stride * s.dim];
+        }
+        const int* seen = scratch.seen.data();
+        switch (heads) {
+            case 1: scores_of_heads<1>(q, k, o.ks.position, seen, n, s.dim, weights); break;
+            case 2: scores_of_heads<2>(q, k, o.ks.position, seen, n, s.dim, weights); break;
+            case 3: scores_of_heads<3>(q, k, o.ks.position, seen, n, s.dim, weights); break;
+            default: scores_of_heads<4>(q, k, o.ks.position, seen, n, s.dim, weights); break;
+        }
+        for (int i = 0; i < heads; ++i) {
+            ChunkSummary& summary = summaries[(first + i) * stride];
+            summary.total = softmax_numerators(weights[i], n, &summary.top);
+        }
+        const float* const* w = weights;
+        switch (heads) {
+            case 1: weighted_sums_of_heads<1>(w, v, o.vs.position, seen, n, s.dim, acc); break;
+            case 2: weighted_sums_of_heads<2>(w, v, o.vs.position, seen, n, s.dim, acc); break;
+            case 3: weighted_sums_of_heads<3>(w, v, o.vs.position, seen, n, s.dim, acc); break;
+            default: weighted_sums_of_heads<4>(w, v, o.vs.position, seen, n, s.dim, acc); break;
+        }
+    }
+#endif
 }
 
 template <typename T>
-void attention(const T* query, const Strides& qs, const T* keys, const Strides& ks, const T* values,
-               const Strides& vs, const bool* mask, const Strides& ms, int batch, int heads, int kv_heads,
-               int rows, int kv, int dim, float scale, T* out) {
-    const int group = heads / kv_heads;
-    const int64_t tasks = static_cast<int64_t>(batch) * heads * rows;
+T* out_row(T* out, const Shape& s, int b, int h, int r) {
+    return out + ((static_cast<int64_t>(b) * s.heads + h) * s.rows + r) * s.dim;
+}
+
+// Few (batch, kv head, row) triples: the threads share their chunks, then combine per head and row.
+template <typename T>
+void attention_by_chunk(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
+                        const Shape& s, T* out) {
+    const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows, heads_rows = triples * s.group();
+    std::vector<ChunkSummary> summaries(heads_rows * s.chunks);
+    std::vector<float> accs(heads_rows * s.chunks * s.dim);
+    auto index = [&](int b, int h, int r) { return (static_cast<int64_t>(b) * s.heads + h) * s.rows + r; };
 #pragma omp parallel
     {
-        std::vector<float> q(dim), weights(kv), acc(dim);
-        std::vector<int> seen(kv);
-#pragma omp for schedule(static)
-        for (int64_t task = 0; task < tasks; ++task) {
-            const int r = static_cast<int>(task % rows);
-            const int h = static_cast<int>((task / rows) % heads);
-            const int b = static_cast<int>(task / (static_cast<int64_t>(rows) * heads));
-            const int g = h / group;
-            one_row<T>(query + b * qs.batch + h * qs.head + r * qs.position,
-                       keys + b * ks.batch + g * ks.head, values + b * vs.batch + g * vs.head,
-                       mask + b * ms.batch + h * ms.head + r * ms.position, kv, dim, scale, ks, vs, ms.element,
-                       out + ((static_cast<int64_t>(b) * heads + h) * rows + r) * dim, q, seen, weights, acc);
+        Scratch scratch(s.dim, s.group());
+        // Chunk-major, round robin: the live chunks (a prefix) spread evenly over the threads.
+#pragma omp for schedule(static, 1)
+        for (int64_t task = 0; task < triples * s.chunks; ++task) {
+            const int c = static_cast<int>(task / triples);
+            const int64_t t = task % triples;
+            const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
+                      b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
+            const int64_t at = index(b, g * s.group(), r) * s.chunks + c;
+            summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[at],
+                               static_cast<int64_t>(s.rows) * s.chunks, &accs[at * s.dim]);
         }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < heads_rows; ++i) {
+            combine<T>(&summaries[i * s.chunks], &accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
+                       out + i * s.dim);
+        }
+    }
+}
+
+// Many (batch, kv head, row) triples: each thread takes whole triples, chunk by chunk, each chunk
+// for the kv head's query heads in turn while its keys and values are in the L1 cache.
+template <typename T>
+void attention_by_row(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
+                      const Shape& s, T* out) {
+    const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows;
+#pragma omp parallel
+    {
+        Scratch scratch(s.dim, s.group());
+        std::vector<ChunkSummary> summaries(static_cast<int64_t>(s.group()) * s.chunks);
+        std::vector<float> accs(static_cast<int64_t>(s.group()) * s.chunks * s.dim);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < triples; ++t) {
+            const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
+                      b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
+            for (int c = 0; c < s.chunks; ++c) {
+                summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[c], s.chunks,
+                                   &accs[static_cast<int64_t>(c) * s.dim]);
+            }
+            for (int i = 0; i < s.group(); ++i) {
+                combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
+                           s.chunks, s.dim, scratch.sum, out_row(out, s, b, g * s.group() + i, r));
+            }
+        }
+    }
+}
+
+template <typename T>
+void attention(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o, const Shape& s,
+               T* out) {
+    const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows;
+    if (triples < 4 * static_cast<int64_t>(omp_get_max_threads())) {
+        attention_by_chunk<T>(query, keys, values, mask, o, s, out);
+    } else {
+        attention_by_row<T>(query, keys, values, mask, o, s, out);
     }
 }
 
@@ -313,16 +585,15 @@ int specc_row_attention(const void* query, const int64_t* query_strides, const v
                         int rows, int kv, int dim, float scale, int dtype, void* out) {
     if (batch < 0 || rows < 0 || kv < 0 || dim <= 0 || kv_heads <= 0 || heads % kv_heads != 0) return 1;
     const specc_cpu::TracedCall traced(specc_cpu::Traced::attention);
-    const Strides qs = strides_of(query_strides), ks = strides_of(key_strides), vs = strides_of(value_strides),
-                  ms = strides_of(mask_strides);
+    const Operands o{strides_of(query_strides), strides_of(key_strides), strides_of(value_strides),
+                     strides_of(mask_strides)};
+    const Shape s{batch, heads, kv_heads, rows, kv, dim, (kv + kChunk - 1) / kChunk, scale};
     if (dtype == 0) {
-        attention<float>(static_cast<const float*>(query), qs, static_cast<const float*>(keys), ks,
-                         static_cast<const float*>(values), vs, mask, ms, batch, heads, kv_heads, rows, kv, dim,
-                         scale, static_cast<float*>(out));
+        attention<float>(static_cast<const float*>(query), static_cast<const float*>(keys),
+                         static_cast<const float*>(values), mask, o, s, static_cast<float*>(out));
     } else if (dtype == 1) {
-        attention<uint16_t>(static_cast<const uint16_t*>(query), qs, static_cast<const uint16_t*>(keys), ks,
-                            static_cast<const uint16_t*>(values), vs, mask, ms, batch, heads, kv_heads, rows, kv,
-                            dim, scale, static_cast<uint16_t*>(out));
+        attention<uint16_t>(static_cast<const uint16_t*>(query), static_cast<const uint16_t*>(keys),
+                            static_cast<const uint16_t*>(values), mask, o, s, static_cast<uint16_t*>(out));
     } else {
         return 1;
     }
