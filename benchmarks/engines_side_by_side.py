@@ -22,8 +22,9 @@ every drafting engine, SWIFT's eq. 6 account (a draft step's and a round's
 verification cost in reference decode steps, and the decode speedup they
 predict); and
 the bandwidth bound on the reference's decoding (the bytes its target graph
-reads per step at the read rate sampled between repeats, as `specc bench`
-reports it) with the share of it the reference reaches.
+reads per step, weights and the cached keys and values its steps attended to,
+at the read rate sampled between repeats, as `specc bench` reports it) with
+the share of it the reference reaches.
 Results go to benchmarks/results/<device>-<name>-<prompts>-<tokens>tok.{json,md}.
 """
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                        for name, engine in zip(names, engines)},
            "peers": {peer.name: peer.describe() for peer in peers},
            "prompts": prompts, "notes": prompt_set.notes + notes, "summary": summary, "eq6": accounts,
-           "bandwidth_bound": reference_bound(engines[0], bandwidth, runs, names[0], len(prompt_ids)),
+           "bandwidth_bound": reference_bound(engines[0], bandwidth, runs, names[0], prompt_ids),
            "runs": [run.to_json() for run in runs]}
     stem = f"{device_label()}-{args.name}-{prompt_set.name}-{args.max_new_tokens}tok"
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -119,17 +120,21 @@ def _peers(args, reference, threads: int) -> list:
     return llama_cpp_systems(gguf, threads, args.max_new_tokens, reference.max_seq_len)
 
 
-def reference_bound(reference, bandwidth, runs, name: str, prompts: int) -> dict:
-    """The bandwidth bound on the reference engine's decode steps, and the share its decoding reaches."""
-    from specc.bench.bandwidth import decode_read_bytes
+def reference_bound(reference, bandwidth, runs, name: str, prompt_ids: list[list[int]]) -> dict:
+    """The bandwidth bound on the reference engine's decode steps (its weights and the cached keys
+    and values its steps attended to), and the share its decoding reaches."""
+    from specc.bench.bandwidth import cache_bytes_per_position, decode_read_bytes, kv_cache_read_bytes
     from specc.bench.statistics import decode_throughput_by_repeat, spread
     from specc.contract.descriptor import TARGET
 
-    bound = bandwidth.bound(decode_read_bytes(reference.context.modules[TARGET]))
-    decode = decode_throughput_by_repeat(runs, name, set(range(prompts)))
+    cache = kv_cache_read_bytes(cache_bytes_per_position(reference.context, TARGET), runs, name, prompt_ids)
+    bound = bandwidth.bound(decode_read_bytes(reference.context.modules[TARGET]), cache)
+    decode = decode_throughput_by_repeat(runs, name, set(range(len(prompt_ids))))
     median = spread(decode).median if decode else None
+    share = (lambda tokens_per_second: median / tokens_per_second if median else None)
     return {**bound, "reference_decode_tokens_per_second": median,
-            "reference_share_of_bound": median / bound["bound_tokens_per_second"] if median else None}
+            "reference_share_of_bound": share(bound["bound_tokens_per_second"]),
+            "reference_share_of_weights_only_bound": share(bound["weights_only_bound_tokens_per_second"])}
 
 
 def load_engines(paths_and_settings, load) -> list:
@@ -265,9 +270,13 @@ def _bound_line(bound: dict) -> str:
     share = bound["reference_share_of_bound"]
     reached = "n/a" if share is None else \
         f"{bound['reference_decode_tokens_per_second']:.2f} tok/s = {share:.0%} of it"
-    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights per decode step at "
+    cache = bound.get("kv_cache_bytes_per_token")
+    weights_only = bound.get("reference_share_of_weights_only_bound")
+    cached = (f" and {cache / 1e6:.1f} MB of cached keys and values (mean)" if cache else "")
+    beside = f" ({weights_only:.0%} of the weights-only bound)" if cache and weights_only else ""
+    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights{cached} per decode step at "
             f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read ({low / 1e9:.1f}-{high / 1e9:.1f}) -> "
-            f"{bound['bound_tokens_per_second']:.2f} tok/s; the reference decodes (prefill excluded) {reached}  "
+            f"{bound['bound_tokens_per_second']:.2f} tok/s; the reference decodes (prefill excluded) {reached}{beside}  "
             f"({bound['measured_by']})")
 
 

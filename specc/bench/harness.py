@@ -6,14 +6,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specc.bench.bandwidth import BandwidthSamples
+from specc.bench.bandwidth import BandwidthSamples, kv_cache_read_bytes
 from specc.bench.baselines import build_baselines, source_checkpoint
 from specc.bench.document import build_document
 from specc.bench.machine import machine_info, versions
 from specc.bench.memory import MemoryProbe
 from specc.data.prompts import load_prompt_set
 from specc.bench.runner import run_interleaved
-from specc.bench.systems import ENGINE, engine_system
+from specc.bench.systems import ENGINE, SPECC_NONE, engine_system
 from specc.errors import UsageError
 from specc.runtime.masks import KEY_BLOCK
 
@@ -72,7 +72,8 @@ def benchmark(options: BenchOptions) -> dict:
         bandwidth = BandwidthSamples()
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
-    bound = bandwidth.bound(baselines.none_read_bytes)
+    bound = bandwidth.bound(baselines.none_read_bytes,
+                            kv_cache_read_bytes(baselines.none_cache_bytes_per_position, runs, SPECC_NONE, prompt_ids))
     settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source,
                 "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,

@@ -150,13 +150,20 @@ def _prediction_lines(prediction: dict) -> list[str]:
 
 def _bound_line(bound: dict) -> str:
     share = bound["specc_none_share_of_bound"]
-    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token at "
+    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights"
+            f"{_cache_part(bound)} per token at "
             f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read{_range(bound['read_bytes_per_second_range'], 1e9)}"
             f" → {bound['bound_tokens_per_second']:.1f} tok/s; "
             + ("specc none decodes n/a" if share is None else
                f"specc none decodes {bound['specc_none_decode_tokens_per_second']:.1f} tok/s = {share:.0%} of it"
                + _share_range(bound["specc_none_share_of_bound_range"]))
             + f"  ({bound['measured_by']})")
+
+
+def _cache_part(bound: dict) -> str:
+    """" and N MB of cached keys and values" where the bound counts them (documents since 2026-12-01)."""
+    cache = bound.get("kv_cache_bytes_per_token")
+    return f" and {cache / 1e6:.1f} MB of cached keys and values" if cache else ""
 
 
 def _range(values: list, scale: float) -> str:

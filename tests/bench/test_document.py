@@ -293,3 +293,33 @@ def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range
     report = format_report(doc)
     assert "GB/s read (0.0–0.0) → 2.0 tok/s" in report and "% over the read-rate range)" in report
     assert "over the read-rate range" not in format_report(_document(bandwidth_bound=decode_bound(2000, [4e3])))
+
+
+def test_the_bound_counts_the_cached_keys_and_values_a_decode_step_attends_to():
+    """After a 3-token prompt, new token 1 comes from a step over 4 positions, token 2 over 5:
+    the prefill's token reads no cache in a decode step."""
+    from specc.bench.bandwidth import kv_cache_read_bytes, mean_positions_attended
+    from specc.bench.runner import Run
+
+    assert mean_positions_attended([(3, 3)]) == 4.5 and mean_positions_attended([(3, 1)]) == 0.0
+    assert mean_positions_attended([(3, 3), (10, 2)]) == pytest.approx((4 + 5 + 11) / 3)
+    runs = [Run(SPECC_NONE, 0, 0, 1.0, [7, 8, 9], None), Run(ENGINE, 1, 0, 1.0, [7] * 50, None)]
+    assert kv_cache_read_bytes(100, runs, SPECC_NONE, [[1, 2, 3], [4]]) == 450.0
+    bound = decode_bound(2000, [4000.0], kv_cache_bytes=2000)
+    assert bound["bound_tokens_per_second"] == 1.0 and bound["weights_only_bound_tokens_per_second"] == 2.0
+    assert "2000 MB" not in format_report(_document(bandwidth_bound=bound))
+    assert "0 MB of weights and 0.0 MB of cached keys and values per token" in format_report(
+        _document(bandwidth_bound=bound))
+
+
+def test_a_position_holds_a_key_and_a_value_per_layer_and_kv_head():
+    from types import SimpleNamespace
+
+    from specc.bench.bandwidth import cache_bytes_per_position
+    from specc.graph.signature import CACHE_ROLE
+
+    signature = SimpleNamespace(inputs_with_role=lambda role: [object()] * 6 if role == CACHE_ROLE else [])
+    architecture = SimpleNamespace(num_key_value_heads=3, head_dim=64)
+    context = SimpleNamespace(signatures={"target": signature}, architectures={"target": architecture},
+                              dtype=torch.bfloat16)
+    assert cache_bytes_per_position(context, "target") == 6 * 3 * 64 * 2

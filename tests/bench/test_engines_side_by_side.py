@@ -45,6 +45,11 @@ def test_engines_run_side_by_side_against_the_first(checkpoints, tmp_path, one_t
     assert weights <= bound["weight_bytes_per_token"] <= weights + buffers, \
         "float32: 4 bytes a parameter, none for the embedding a step reads one row of"
     assert bound["reference_share_of_bound"] > 0 and "bandwidth bound:" in table
+    per_position = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * \
+        (model.config.hidden_size // model.config.num_attention_heads) * 4
+    assert per_position < bound["kv_cache_bytes_per_token"] <= 128 * per_position, "max_seq_len 128"
+    assert bound["bound_tokens_per_second"] < bound["weights_only_bound_tokens_per_second"]
+    assert "MB of cached keys and values (mean)" in table
 
 
 def test_llama_cpp_runs_beside_them_on_the_first_engines_gguf(checkpoints, tmp_path, one_thread, monkeypatch):
