@@ -176,13 +176,14 @@ def compile_engine(request: CompileRequest) -> dict:
         with progress.stage("tokenizing the lookup corpus"):
             method_state = {**method_state, **lookup_corpus_state(config, tokenizer)}
     quantization = engine_quantization(request, method, config, checkpoint)
+    recipes = method.graphs(config)
     with progress.stage("capturing with torch.export and running passes"):
         program = build_program(models, method, config, request.max_seq_len, kernels=request.kernels,
                                 captures=captures, state=method_state if method.train is not None else None,
-                                select_logit_rows=True, quantize=quantization)
+                                recipes=recipes, select_logit_rows=True, quantize=quantization)
         program.added_weights = install_weights(program, trained_weights)
     reports = {}
-    for key, (scheme, source, names) in _report_groups(method.graphs(config), quantization).items():
+    for key, (scheme, source, names) in _report_groups(recipes, quantization).items():
         model = "" if key == TARGET_REPORT else " (draft graphs)"
         with progress.stage(f"measuring what {scheme.name} costs on held-out text{model}"):
             reports[key] = quantization_report(program, scheme, names, models[source], tokenizer)
@@ -316,7 +317,7 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
             captures[recipe.source] = (captured, readable_graph(captured.graph_module))
         captured, captured_text = captures[recipe.source]
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
-        scheme = quantize.for_graph(recipe) if quantize else None
+        scheme = quantize.for_graph(recipe) if quantize is not None else None
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
                   *([_quantizer(scheme, captured, packed.setdefault(scheme, {})), *_row_alike_attention(scheme)]
                     if scheme else []),

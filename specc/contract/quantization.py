@@ -33,9 +33,6 @@ class Quantization:
         own_draft_scheme = recipe.source != TARGET or (recipe.drafts_only and self.drafts is not None)
         return DRAFT_REPORT if own_draft_scheme else TARGET_REPORT
 
-    def __bool__(self) -> bool:
-        return bool(self.by_source) or self.drafts is not None
-
 
 def reads_target_weights_to_draft(recipes: dict[str, GraphRecipe]) -> bool:
     """Whether a method drafts with graphs of its target's own weights (a self-speculative draft)."""
