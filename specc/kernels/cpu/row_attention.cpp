@@ -496,9 +496,9 @@ void summarise_group(const T* query, const T* keys, const T* values, const bool*
 #endif
 }
 
-template <typename T>
-T* out_row(T* out, const Shape& s, int b, int h, int r) {
-    return out + ((static_cast<int64_t>(b) * s.heads + h) * s.rows + r) * s.dim;
+// The index of (batch, head, row) among the call's [batch, heads, rows] rows (the output's order).
+inline int64_t row_index(const Shape& s, int b, int h, int r) {
+    return (static_cast<int64_t>(b) * s.heads + h) * s.rows + r;
 }
 
 // Few (batch, kv head, row) triples: the threads share their chunks, then combine per head and row.
@@ -508,7 +508,6 @@ void attention_by_chunk(const T* query, const T* keys, const T* values, const bo
     const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows, heads_rows = triples * s.group();
     std::vector<ChunkSummary> summaries(heads_rows * s.chunks);
     std::vector<float> accs(heads_rows * s.chunks * s.dim);
-    auto index = [&](int b, int h, int r) { return (static_cast<int64_t>(b) * s.heads + h) * s.rows + r; };
 #pragma omp parallel
     {
         Scratch scratch(s.dim, s.group());
@@ -519,7 +518,7 @@ void attention_by_chunk(const T* query, const T* keys, const T* values, const bo
             const int64_t t = task % triples;
             const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
                       b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
-            const int64_t at = index(b, g * s.group(), r) * s.chunks + c;
+            const int64_t at = row_index(s, b, g * s.group(), r) * s.chunks + c;
             summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[at],
                                static_cast<int64_t>(s.rows) * s.chunks, &accs[at * s.dim]);
         }
@@ -552,7 +551,7 @@ void attention_by_row(const T* query, const T* keys, const T* values, const bool
             }
             for (int i = 0; i < s.group(); ++i) {
                 combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
-                           s.chunks, s.dim, scratch.sum, out_row(out, s, b, g * s.group() + i, r));
+                           s.chunks, s.dim, scratch.sum, out + row_index(s, b, g * s.group() + i, r) * s.dim);
             }
         }
     }
