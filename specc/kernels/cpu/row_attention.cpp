@@ -213,6 +213,20 @@ inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, 
     }
 }
 
+// The next chunk's `n` rows asked into L2 while this one is computed: in attention_by_chunk
+// most often the same thread's next task, whose rows a decode step finds cold (the weights
+// streamed since the last step have emptied the caches), and those asked at a chunk's start
+// come too late to keep the loop busy. Not in attention_by_row: there many rows read each
+// chunk, hot after the first, and the requests would only cost instructions.
+template <typename T>
+inline void request_next_chunk(const T* rows, int64_t stride, int n, int dim) {
+    const int64_t bytes = static_cast<int64_t>(dim) * sizeof(T);
+    for (int i = 0; i < n; ++i) {
+        const char* row = reinterpret_cast<const char*>(rows + i * stride);
+        for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T1);
+    }
+}
+
 // scores() for H query heads against the same keys, each key's K rows loaded once for all of
 // them: out[h][i] is head h's score of key i, the same arithmetic (so bits) as scores().
 template <int H, typename T>
@@ -363,10 +377,33 @@ struct ChunkSummary {
 };
 
 struct Scratch {
-    Scratch(int dim, int group) : q(dim * group), weights(kChunk * group), seen(kChunk), sum(dim) {}
     std::vector<float> q, weights;   // a row's scaled query and chunk weights, per head of a kv head's group
     std::vector<int> seen;
     std::vector<float> sum;
+};
+
+// At least n elements; grown, never shrunk, so a thread's buffers are allocated once, not per call.
+template <typename V>
+inline typename V::value_type* fitted(V& buffer, int64_t n) {
+    if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+    return buffer.data();
+}
+
+// This thread's scratch, fitted to the call.
+inline Scratch& thread_scratch(int dim, int group) {
+    thread_local Scratch scratch;
+    fitted(scratch.q, static_cast<int64_t>(dim) * group);
+    fitted(scratch.weights, static_cast<int64_t>(kChunk) * group);
+    fitted(scratch.seen, kChunk);
+    fitted(scratch.sum, dim);
+    return scratch;
+}
+
+// A call's per-chunk summaries and weighted sums, in the calling thread's buffers (the parallel
+// region's threads write into the caller's).
+struct ChunkResults {
+    std::vector<struct ChunkSummary> summaries;
+    std::vector<float> accs;
 };
 
 // The summary of chunk `c` for one (batch, head, row); acc[dim] gets the weighted sum of its values.
@@ -443,7 +480,7 @@ void summarise(const T* query, const T* keys, const T* values, const bool* mask,
 template <typename T>
 void summarise_group(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
                      const Shape& s, int b, int g, int r, int c, Scratch& scratch, ChunkSummary* summaries,
-                     int64_t stride, float* accs) {
+                     int64_t stride, float* accs, bool ask_next) {
     const int group = s.group();
     if (!kVector || group == 1 || o.ms.head != 0) {
         for (int i = 0; i < group; ++i) {
@@ -462,6 +499,10 @@ void summarise_group(const T* query, const T* keys, const T* values, const bool*
     const T* v = values + b * o.vs.batch + g * o.vs.head + begin * o.vs.position;
     request_rows(k, o.ks.position, scratch.seen.data(), n, s.dim);
     request_rows(v, o.vs.position, scratch.seen.data(), n, s.dim);
+    if (ask_next && end < s.kv) {
+        request_next_chunk(k + kChunk * o.ks.position, o.ks.position, std::min(kChunk, s.kv - end), s.dim);
+        request_next_chunk(v + kChunk * o.vs.position, o.vs.position, std::min(kChunk, s.kv - end), s.dim);
+    }
     for (int first = 0; first < group; first += 4) {
         const int heads = std::min(4, group - first);
         const float* q[4];
@@ -501,32 +542,37 @@ inline int64_t row_index(const Shape& s, int b, int h, int r) {
     return (static_cast<int64_t>(b) * s.heads + h) * s.rows + r;
 }
 
-// Few (batch, kv head, row) triples: the threads share their chunks, then combine per head and row.
+// Few (batch, kv head, row) triples: the threads share their chunks, then the calling thread
+// combines them per head and row. Tasks run triple by triple, chunk by chunk, and each thread
+// takes one contiguous run of them: its reads of a kv head's keys and values are one stream
+// the memory can run ahead on, where tasks dealt round robin (chunk-major) had each thread hop
+// between kv heads. Which thread runs a chunk changes no bit (see ChunkSummary).
 template <typename T>
 void attention_by_chunk(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
                         const Shape& s, T* out) {
     const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows, heads_rows = triples * s.group();
-    std::vector<ChunkSummary> summaries(heads_rows * s.chunks);
-    std::vector<float> accs(heads_rows * s.chunks * s.dim);
+    const int64_t tasks = triples * s.chunks;
+    thread_local ChunkResults results;
+    ChunkSummary* summaries = fitted(results.summaries, heads_rows * s.chunks);
+    float* accs = fitted(results.accs, heads_rows * s.chunks * s.dim);
 #pragma omp parallel
     {
-        Scratch scratch(s.dim, s.group());
-        // Chunk-major, round robin: the live chunks (a prefix) spread evenly over the threads.
-#pragma omp for schedule(static, 1)
-        for (int64_t task = 0; task < triples * s.chunks; ++task) {
-            const int c = static_cast<int>(task / triples);
-            const int64_t t = task % triples;
+        Scratch& scratch = thread_scratch(s.dim, s.group());
+        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        for (int64_t task = tasks * thread / threads; task < tasks * (thread + 1) / threads; ++task) {
+            const int c = static_cast<int>(task % s.chunks);
+            const int64_t t = task / s.chunks;
             const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
                       b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
             const int64_t at = row_index(s, b, g * s.group(), r) * s.chunks + c;
             summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[at],
-                               static_cast<int64_t>(s.rows) * s.chunks, &accs[at * s.dim]);
+                               static_cast<int64_t>(s.rows) * s.chunks, &accs[at * s.dim], true);
         }
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < heads_rows; ++i) {
-            combine<T>(&summaries[i * s.chunks], &accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
-                       out + i * s.dim);
-        }
+    }
+    Scratch& scratch = thread_scratch(s.dim, s.group());
+    for (int64_t i = 0; i < heads_rows; ++i) {
+        combine<T>(&summaries[i * s.chunks], &accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
+                   out + i * s.dim);
     }
 }
 
@@ -538,16 +584,17 @@ void attention_by_row(const T* query, const T* keys, const T* values, const bool
     const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows;
 #pragma omp parallel
     {
-        Scratch scratch(s.dim, s.group());
-        std::vector<ChunkSummary> summaries(static_cast<int64_t>(s.group()) * s.chunks);
-        std::vector<float> accs(static_cast<int64_t>(s.group()) * s.chunks * s.dim);
+        Scratch& scratch = thread_scratch(s.dim, s.group());
+        thread_local ChunkResults results;
+        ChunkSummary* summaries = fitted(results.summaries, static_cast<int64_t>(s.group()) * s.chunks);
+        float* accs = fitted(results.accs, static_cast<int64_t>(s.group()) * s.chunks * s.dim);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < triples; ++t) {
             const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
                       b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
             for (int c = 0; c < s.chunks; ++c) {
                 summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[c], s.chunks,
-                                   &accs[static_cast<int64_t>(c) * s.dim]);
+                                   &accs[static_cast<int64_t>(c) * s.dim], false);
             }
             for (int i = 0; i < s.group(); ++i) {
                 combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
