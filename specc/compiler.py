@@ -25,7 +25,7 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import FROZEN_COPIES, attribute
 from specc.graph.signature import read_signature, static_sizes
 from specc.host.device import device_kind, move_graph, resolve_device
-from specc.kernels import kernels_in_graph
+from specc.kernels import kernel_revisions, kernels_in_graph
 from specc.kernels.cpu.build import compiler
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
@@ -210,7 +210,8 @@ def compile_engine(request: CompileRequest) -> dict:
             **({"method_state": method_state} if method_state else {}),
             **({"lowered": lowered} if lowered else {}),
             **reports,
-            **({"kernels": kernels} if kernels else {}),
+            **({"kernels": kernels,
+                "kernel_revisions": kernel_revisions(set().union(*kernels.values()))} if kernels else {}),
             "compile_seconds": {"total": round(time.perf_counter() - start, 3),
                                 "lowering": round(lowering_seconds, 3), "stages": progress.seconds},
             **({"training": training} if training else {}),

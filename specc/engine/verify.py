@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, sha256_file
 from specc.errors import SpeccError, UsageError
+from specc.kernels.registry import KERNELS
 
 
 def read_verified_manifest(engine_dir: Path) -> dict:
@@ -27,6 +28,7 @@ def read_verified_manifest(engine_dir: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise SpeccError(f"{manifest_path} is not valid JSON ({exc}); the engine is damaged, recompile it") from None
     _check_format(manifest, engine_dir)
+    _check_kernel_revisions(manifest, engine_dir)
     _check_files(manifest.get("files", {}), engine_dir)
     return manifest
 
@@ -44,6 +46,21 @@ def _check_format(manifest: dict, engine_dir: Path) -> None:
         )
     if version < FORMAT_VERSION:
         raise SpeccError(f"{engine_dir} uses old engine format {version}; recompile it with this specc")
+
+
+def _check_kernel_revisions(manifest: dict, engine_dir: Path) -> None:
+    """Each specc kernel the engine's graphs call must be the revision they were compiled against
+    (engines from before revisions were recorded were compiled against revision 1)."""
+    recorded = manifest.get("kernel_revisions", {})
+    for name in sorted({name for names in manifest.get("kernels", {}).values() for name in names}):
+        kernel = KERNELS.get(name)
+        if kernel is None:
+            raise SpeccError(f"{engine_dir} calls the specc kernel {name!r}, which this specc does not have; "
+                             f"recompile the engine with this specc")
+        revision = recorded.get(name, 1)
+        if revision != kernel.revision:
+            raise SpeccError(f"{engine_dir} was compiled against revision {revision} of the specc kernel {name!r}; "
+                             f"this specc has revision {kernel.revision} ({kernel.revised}); recompile the engine")
 
 
 def _check_files(files: dict[str, str], engine_dir: Path) -> None:

@@ -6,6 +6,6 @@ never triton); `KERNELS` lists them. See README.md in this folder.
 """
 
 from specc.kernels import blocked_matmul, ops, row_argmax, row_attention  # noqa: F401  (register torch.ops.specc.*)
-from specc.kernels.registry import KERNELS, Kernel, kernels_in_graph
+from specc.kernels.registry import KERNELS, Kernel, kernel_revisions, kernels_in_graph
 
-__all__ = ["KERNELS", "Kernel", "kernels_in_graph"]
+__all__ = ["KERNELS", "Kernel", "kernel_revisions", "kernels_in_graph"]

@@ -14,6 +14,11 @@ NAMESPACE = "specc"
 class Kernel:
     name: str      # the operator torch.ops.specc.<name>; its kernel: specc/kernels/<name>.py (Triton) or cpu/<name>.cpp
     summary: str
+    # Raised when something a compiled graph relies on changes (an output's layout, an argument's
+    # meaning): engines record the revision they were compiled against, and one compiled against
+    # another is refused (specc/engine/verify.py) rather than run on a kernel it misreads.
+    revision: int = 1
+    revised: str = ""   # what the current revision changed
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -31,8 +36,15 @@ KERNELS = {kernel.name: kernel for kernel in (
                              "per 8 blocks) times activations "
                              "quantized per row to int8, AVX-512 VNNI on the CPU, row-invariant"),
     Kernel("row_attention", "masked attention with each head and query row computed on its own in fp32, "
-                            "hidden keys never read, on the CPU, row-invariant"),
+                            "hidden keys never read, on the CPU, row-invariant",
+           revision=2, revised="its output [batch, heads, rows, dim] is laid out [batch, rows, heads, dim] "
+                               "(2026-12-01)"),
 )}
+
+
+def kernel_revisions(names) -> dict[str, int]:
+    """The current revision of each named kernel."""
+    return {name: KERNELS[name].revision for name in sorted(names)}
 
 
 def kernels_in_graph(gm: fx.GraphModule) -> list[str]:

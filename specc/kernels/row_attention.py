@@ -49,6 +49,13 @@ def check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                          f"{[batch, heads, rows, key.shape[2]]}") from None
 
 
+def output_layout(shape: torch.Size) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The output's size `[batch, heads, rows, dim]` and strides: laid out `[batch, rows, heads,
+    dim]`, the layout the output projection reads, so the graph's transpose back is a view."""
+    batch, heads, rows, dim = shape
+    return (batch, heads, rows, dim), (rows * heads * dim, dim, heads * dim, 1)
+
+
 def _strides(tensor: torch.Tensor, shape: torch.Size) -> ctypes.Array:
     """`tensor`'s strides broadcast to `shape` (0 on an expanded axis), as a C int64[4]."""
     expanded = tensor.expand(shape)
@@ -64,7 +71,7 @@ def _run(query, key, value, mask, scale):
     query, key, value = (_last_axis_contiguous(t) for t in (query, key, value))
     batch, heads, rows, dim = query.shape
     kv_heads, kv = key.shape[1], key.shape[2]
-    out = torch.empty(batch, heads, rows, dim, dtype=query.dtype)
+    out = torch.empty_strided(*output_layout(query.shape), dtype=query.dtype)
     status = load_library(LIBRARY).specc_row_attention(
         ctypes.c_void_p(query.data_ptr()), _strides(query, query.shape), ctypes.c_void_p(key.data_ptr()),
         _strides(key, key.shape), ctypes.c_void_p(value.data_ptr()), _strides(value, value.shape),
@@ -89,7 +96,7 @@ def _row_attention_until_loaded(query, key, value, mask, scale=None):
 
 @torch.library.register_fake("specc::row_attention")
 def _row_attention_fake(query, key, value, mask, scale=None):
-    return query.new_empty(query.shape)
+    return query.new_empty_strided(*output_layout(query.shape))
 
 
 def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,

@@ -11,6 +11,7 @@ from specc.compiler import CompileRequest, compile_engine
 from specc.engine.format import FORMAT_VERSION, MANIFEST
 from specc.engine.loaded import load_engine
 from specc.errors import SpeccError, UsageError
+from specc.kernels import KERNELS
 from specc.testing.checkpoints import build_tiny_checkpoint
 
 
@@ -82,6 +83,31 @@ def test_newer_format_is_refused(engine_dir, tmp_path):
     manifest["format_version"] = FORMAT_VERSION + 1
     (engine / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(SpeccError, match="newer than this specc reads"):
+        load_engine(engine)
+
+
+def _with_kernels(engine_dir, tmp_path, **entries):
+    engine = copy_engine(engine_dir, tmp_path)
+    manifest = json.loads((engine / MANIFEST).read_text())
+    (engine / MANIFEST).write_text(json.dumps({**manifest, **entries}))
+    return engine
+
+
+def test_engine_compiled_against_another_kernel_revision_is_refused(engine_dir, tmp_path):
+    current = KERNELS["row_attention"].revision
+    assert current > 1   # its output layout changed once: engines from before must be recompiled
+    before_revisions = _with_kernels(engine_dir, tmp_path / "a", kernels={"target": ["row_attention"]})
+    with pytest.raises(SpeccError, match=f"revision 1 of the specc kernel 'row_attention'; this specc has "
+                                         f"revision {current} \\(its output"):
+        load_engine(before_revisions)
+    current_engine = _with_kernels(engine_dir, tmp_path / "b", kernels={"target": ["row_attention"]},
+                                   kernel_revisions={"row_attention": current})
+    assert load_engine(current_engine).manifest["kernel_revisions"] == {"row_attention": current}
+
+
+def test_engine_calling_a_kernel_this_specc_lacks_is_refused(engine_dir, tmp_path):
+    engine = _with_kernels(engine_dir, tmp_path, kernels={"target": ["warp_drive"]})
+    with pytest.raises(SpeccError, match="calls the specc kernel 'warp_drive', which this specc does not have"):
         load_engine(engine)
 
 

@@ -109,6 +109,18 @@ def test_a_row_that_may_see_no_key_is_zeros():
     assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1])) and out[:, :, 0].abs().sum() > 0
 
 
+def test_the_output_is_laid_out_rows_then_heads_as_its_fake_says():
+    query, key, value, mask = _inputs(3, 12, torch.bfloat16)
+    out = torch.ops.specc.row_attention(query, key, value, mask, None)
+    stand_in = kernel._run(query, key, value, mask, None)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = torch.ops.specc.row_attention(*(mode.from_tensor(t) for t in (query, key, value, mask)), None)
+    assert out.shape == fake.shape == stand_in.shape == (1, HEADS, 3, DIM)
+    assert out.stride() == fake.stride() == stand_in.stride() == (3 * HEADS * DIM, DIM, HEADS * DIM, 1)
+    merged = out.transpose(1, 2).reshape(1, 3, HEADS * DIM)   # what an attention's output projection reads
+    assert merged.data_ptr() == out.data_ptr() and merged.is_contiguous()
+
+
 def test_the_stand_in_before_the_library_loads_computes_the_same_bits():
     query, key, value, mask = _inputs(4, 20, torch.bfloat16)
     assert torch.equal(kernel._run(query, key, value, mask, None),

@@ -77,6 +77,7 @@ def test_kernels_engine_matches_hf_greedy_and_lists_its_kernels(triton_kernels, 
     report = compile_engine(CompileRequest(model=str(target), method="none", output=tmp_path / "engine",
                                            max_seq_len=32, kernels=True))
     assert report["kernels"] == {"target": ["tree_attention"]}
+    assert report["kernel_revisions"] == {"tree_attention": KERNELS["tree_attention"].revision}
     assert [r["pass_name"] for r in report["passes"]][-1] == "use_kernels"
     assert "kernels: tree_attention" in inspect_engine(tmp_path / "engine")
 

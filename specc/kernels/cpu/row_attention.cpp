@@ -537,9 +537,17 @@ void summarise_group(const T* query, const T* keys, const T* values, const bool*
 #endif
 }
 
-// The index of (batch, head, row) among the call's [batch, heads, rows] rows (the output's order).
+// The index of (batch, head, row) among the call's [batch, heads, rows] rows (the order of
+// attention_by_chunk's summaries).
 inline int64_t row_index(const Shape& s, int b, int h, int r) {
     return (static_cast<int64_t>(b) * s.heads + h) * s.rows + r;
+}
+
+// Where (batch, head, row)'s output starts: the output is laid out [batch, rows, heads, dim], the
+// layout the attention's output projection reads, so a graph's transpose back to it is a view
+// and not a copy.
+inline int64_t out_offset(const Shape& s, int b, int h, int r) {
+    return ((static_cast<int64_t>(b) * s.rows + r) * s.heads + h) * s.dim;
 }
 
 // Few (batch, kv head, row) triples: the threads share their chunks, then the calling thread
@@ -571,8 +579,10 @@ void attention_by_chunk(const T* query, const T* keys, const T* values, const bo
     }
     Scratch& scratch = thread_scratch(s.dim, s.group());
     for (int64_t i = 0; i < heads_rows; ++i) {
+        const int r = static_cast<int>(i % s.rows), h = static_cast<int>((i / s.rows) % s.heads),
+                  b = static_cast<int>(i / (static_cast<int64_t>(s.rows) * s.heads));
         combine<T>(&summaries[i * s.chunks], &accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
-                   out + i * s.dim);
+                   out + out_offset(s, b, h, r));
     }
 }
 
@@ -598,7 +608,7 @@ void attention_by_row(const T* query, const T* keys, const T* values, const bool
             }
             for (int i = 0; i < s.group(); ++i) {
                 combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
-                           s.chunks, s.dim, scratch.sum, out + row_index(s, b, g * s.group() + i, r) * s.dim);
+                           s.chunks, s.dim, scratch.sum, out + out_offset(s, b, g * s.group() + i, r));
             }
         }
     }
@@ -621,7 +631,7 @@ Strides strides_of(const int64_t* s) { return Strides{s[0], s[1], s[2], s[3]}; }
 
 extern "C" {
 
-// out [batch, heads, rows, dim] (contiguous) = attention of query [batch, heads, rows, dim] over
+// out [batch, heads, rows, dim], laid out [batch, rows, heads, dim] (see out_offset) = attention of query [batch, heads, rows, dim] over
 // keys and values [batch, kv_heads, kv, dim] under a boolean mask [batch, heads, rows, kv]; each
 // tensor's four strides in elements (0 on a broadcast axis; the last axis of query, keys and
 // values contiguous). dtype 0: float32, 1: bfloat16. Returns 0, or 1 on arguments it refuses.

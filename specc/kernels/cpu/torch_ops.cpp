@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
@@ -81,7 +82,8 @@ at::Tensor row_attention(const at::Tensor& query_in, const at::Tensor& key_in, c
                 "row_attention: keys ", key.sizes(), " and values ", value.sizes(), " do not serve a query ",
                 query.sizes());
     const at::Tensor expanded_mask = mask.expand({batch, heads, rows, kv});
-    at::Tensor out = at::empty({batch, heads, rows, dim}, query.options());
+    at::Tensor out = at::empty_strided({batch, heads, rows, dim}, {rows * heads * dim, dim, heads * dim, 1},
+                                       query.options());
     const int status = specc_row_attention(
         query.data_ptr(), query.strides().data(), key.data_ptr(), key.strides().data(), value.data_ptr(),
         value.strides().data(), expanded_mask.data_ptr<bool>(), expanded_mask.strides().data(),
