@@ -266,18 +266,11 @@ def _times(value) -> str:
 
 
 def _bound_line(bound: dict) -> str:
-    low, high = bound["read_bytes_per_second_range"]
-    share = bound["reference_share_of_bound"]
-    reached = "n/a" if share is None else \
-        f"{bound['reference_decode_tokens_per_second']:.2f} tok/s = {share:.0%} of it"
-    cache = bound.get("kv_cache_bytes_per_token")
-    weights_only = bound.get("reference_share_of_weights_only_bound")
-    cached = (f" and {cache / 1e6:.1f} MB of cached keys and values (mean)" if cache else "")
-    beside = f" ({weights_only:.0%} of the weights-only bound)" if cache and weights_only else ""
-    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights{cached} per decode step at "
-            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read ({low / 1e9:.1f}-{high / 1e9:.1f}) -> "
-            f"{bound['bound_tokens_per_second']:.2f} tok/s; the reference decodes (prefill excluded) {reached}{beside}  "
-            f"({bound['measured_by']})")
+    from specc.bench.report import bound_line
+
+    return bound_line(bound, "the reference", bound["reference_decode_tokens_per_second"],
+                      bound["reference_share_of_bound"],
+                      weights_only_share=bound.get("reference_share_of_weights_only_bound"))
 
 
 if __name__ == "__main__":

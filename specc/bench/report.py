@@ -149,21 +149,30 @@ def _prediction_lines(prediction: dict) -> list[str]:
 
 
 def _bound_line(bound: dict) -> str:
-    share = bound["specc_none_share_of_bound"]
-    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights"
-            f"{_cache_part(bound)} per token at "
-            f"{bound['read_bytes_per_second'] / 1e9:.1f} GB/s read{_range(bound['read_bytes_per_second_range'], 1e9)}"
-            f" → {bound['bound_tokens_per_second']:.1f} tok/s; "
-            + ("specc none decodes n/a" if share is None else
-               f"specc none decodes {bound['specc_none_decode_tokens_per_second']:.1f} tok/s = {share:.0%} of it"
-               + _share_range(bound["specc_none_share_of_bound_range"]))
-            + f"  ({bound['measured_by']})")
+    decode, weights_only = bound["specc_none_decode_tokens_per_second"], bound.get("weights_only_bound_tokens_per_second")
+    return bound_line(bound, "specc none", decode, bound["specc_none_share_of_bound"],
+                      bound["specc_none_share_of_bound_range"],
+                      decode / weights_only if decode and weights_only else None)
+
+
+def bound_line(bound: dict, decoder: str, decode_tokens_per_second: float | None, share: float | None,
+               share_range: list | None = None, weights_only_share: float | None = None) -> str:
+    """One line for a bandwidth bound (`specc.bench.bandwidth.decode_bound`) and how close
+    `decoder`'s decoding came to it: `specc bench`'s and benchmarks/engines_side_by_side.py's."""
+    reached = "n/a" if share is None else (
+        f"{decode_tokens_per_second:.1f} tok/s = {share:.0%} of it" + (_share_range(share_range) if share_range else ""))
+    cached = bound.get("kv_cache_bytes_per_token")
+    beside = f" ({weights_only_share:.0%} of the weights-only bound)" if cached and weights_only_share else ""
+    return (f"bandwidth bound: {bound['weight_bytes_per_token'] / 1e6:.0f} MB of weights{_cache_part(bound)} per "
+            f"decode step at {bound['read_bytes_per_second'] / 1e9:.1f} GB/s read"
+            f"{_range(bound['read_bytes_per_second_range'], 1e9)} → {bound['bound_tokens_per_second']:.1f} tok/s; "
+            f"{decoder} decodes (prefill excluded) {reached}{beside}  ({bound['measured_by']})")
 
 
 def _cache_part(bound: dict) -> str:
-    """" and N MB of cached keys and values" where the bound counts them (documents since 2026-12-01)."""
+    """" and N MB of cached keys and values (mean)" where the bound counts them (since 2026-12-01)."""
     cache = bound.get("kv_cache_bytes_per_token")
-    return f" and {cache / 1e6:.1f} MB of cached keys and values" if cache else ""
+    return f" and {cache / 1e6:.1f} MB of cached keys and values (mean)" if cache else ""
 
 
 def _range(values: list, scale: float) -> str:

@@ -217,7 +217,7 @@ def test_the_bandwidth_bound_is_reported_with_the_share_none_reaches():
     doc = _document(bandwidth_bound=bound)
     none_decode = doc["overall"]["systems"][SPECC_NONE]["decode_tokens_per_second"]["median"]
     assert doc["bandwidth_bound"]["specc_none_share_of_bound"] == pytest.approx(none_decode / 2.0)
-    assert "bandwidth bound: 0 MB of weights per token" in format_report(doc)
+    assert "bandwidth bound: 0 MB of weights per decode step" in format_report(doc)
     assert _document()["bandwidth_bound"] is None and "bandwidth bound" not in format_report(_document())
 
 
@@ -308,7 +308,7 @@ def test_the_bound_counts_the_cached_keys_and_values_a_decode_step_attends_to():
     bound = decode_bound(2000, [4000.0], kv_cache_bytes=2000)
     assert bound["bound_tokens_per_second"] == 1.0 and bound["weights_only_bound_tokens_per_second"] == 2.0
     assert "2000 MB" not in format_report(_document(bandwidth_bound=bound))
-    assert "0 MB of weights and 0.0 MB of cached keys and values per token" in format_report(
+    assert "0 MB of weights and 0.0 MB of cached keys and values (mean) per decode step" in format_report(
         _document(bandwidth_bound=bound))
 
 
