@@ -123,11 +123,11 @@ def _peers(args, reference, threads: int) -> list:
 def reference_bound(reference, bandwidth, runs, name: str, prompt_ids: list[list[int]]) -> dict:
     """The bandwidth bound on the reference engine's decode steps (its weights and the cached keys
     and values its steps attended to), and the share its decoding reaches."""
-    from specc.bench.bandwidth import cache_bytes_per_position, decode_read_bytes, kv_cache_read_bytes
+    from specc.bench.bandwidth import cache_layout, decode_read_bytes, kv_cache_read_bytes
     from specc.bench.statistics import decode_throughput_by_repeat, spread
     from specc.contract.descriptor import TARGET
 
-    cache = kv_cache_read_bytes(cache_bytes_per_position(reference.context, TARGET), runs, name, prompt_ids)
+    cache = kv_cache_read_bytes(cache_layout(reference.context, TARGET), runs, name, prompt_ids)
     bound = bandwidth.bound(decode_read_bytes(reference.context.modules[TARGET]), cache)
     decode = decode_throughput_by_repeat(runs, name, set(range(len(prompt_ids))))
     median = spread(decode).median if decode else None

@@ -16,10 +16,11 @@ it holds them (a quantized engine's packed weights with their scales), each
 once (a tied embedding and LM head read one matrix), except a table the
 graph only looks rows up in (an embedding whose LM head is a separate or
 quantized copy: a step reads one row of it). A step also reads the keys and
-values of every position it attends to, in every layer: where the benchmark
-knows the prompts' lengths and what was generated, the bound counts those
-too, at the mean number of positions a decode step attended to
-(`kv_cache_bytes_per_token`; the weights-only figure stays beside it).
+values of every position it attends to, in every layer (in a sliding-window
+layer, the last `window` only): where the benchmark knows the prompts'
+lengths and what was generated, the bound counts those too, as the mean over
+the measured decode steps (`kv_cache_bytes_per_token`; the weights-only
+figure stays beside it).
 Activations are left out, so the bound is still slightly optimistic.
 """
 
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import attribute
+from specc.graph.nodes import ATTENTION_WINDOW, attribute, graph_modules
 from specc.graph.signature import CACHE_ROLE
 
 BUFFER_BYTES = 256 * 2**20
@@ -109,24 +111,51 @@ def decode_bound(weight_bytes: int, samples: list[float], kv_cache_bytes: float 
                            f"{WARMUP_SECONDS:g} s warm-up, {torch.get_num_threads()} thread(s)"}
 
 
-def cache_bytes_per_position(context, graph: str) -> int:
-    """Bytes one cached position holds for graph `graph` of an engine's `context` (its key and
-    value in every layer), which a step that attends to the position reads."""
-    caches = len(context.signatures[graph].inputs_with_role(CACHE_ROLE))
+@dataclass(frozen=True)
+class CacheLayout:
+    """What a cached position costs a decode step that attends to it: each layer's key and value,
+    in layers that see every earlier position, and in sliding-window layers only while the
+    position is among the last `window`."""
+    bytes_per_layer_position: int
+    windows: tuple[int | None, ...]   # per layer: its sliding window, None for full attention
+
+    def step_bytes(self, positions: int) -> int:
+        """The cache bytes a step that attends to `positions` positions reads."""
+        return sum(self.bytes_per_layer_position * (positions if window is None else min(positions, window))
+                   for window in self.windows)
+
+
+def cache_layout(context, graph: str) -> CacheLayout:
+    """The cache layout of graph `graph` of an engine's `context`: every layer under the model's
+    sliding window when it has one for all layers, else the windows capture recorded on the
+    attention calls of the layers that slide (`ATTENTION_WINDOW`), the others in full."""
+    layers = len(context.signatures[graph].inputs_with_role(CACHE_ROLE)) // 2
     architecture = context.architectures[graph]
     element = torch.empty((), dtype=context.dtype).element_size()
-    return caches * architecture.num_key_value_heads * architecture.head_dim * element
+    if architecture.sliding_window is not None:
+        windows = (architecture.sliding_window,) * layers
+    else:
+        sliding = _recorded_windows(context.modules.get(graph))
+        windows = (*sliding, *(None,) * (layers - len(sliding)))
+    return CacheLayout(2 * architecture.num_key_value_heads * architecture.head_dim * element, windows)
 
 
-def kv_cache_read_bytes(per_position: int, runs: list, system: str, prompt_ids: list[list[int]]) -> float:
+def _recorded_windows(gm: fx.GraphModule | None) -> tuple[int, ...]:
+    if gm is None:
+        return ()
+    return tuple(node.meta[ATTENTION_WINDOW] for module in graph_modules(gm) for node in module.graph.nodes
+                 if node.op == "call_function" and node.meta.get(ATTENTION_WINDOW))
+
+
+def kv_cache_read_bytes(layout: CacheLayout, runs: list, system: str, prompt_ids: list[list[int]]) -> float:
     """The mean bytes of cached keys and values one decode step of `system` read over `runs`."""
     generations = [(len(prompt_ids[run.prompt_index]), len(run.token_ids)) for run in runs if run.system == system]
-    return per_position * mean_positions_attended(generations)
+    steps = positions_attended(generations)
+    return statistics.fmean(layout.step_bytes(n) for n in steps) if steps else 0.0
 
 
-def mean_positions_attended(generations: list[tuple[int, int]]) -> float:
-    """The mean number of cached positions a one-row decode step attends to, over generations
-    given as (prompt tokens, new tokens): the prefill gives the first new token, and the step
-    that gives new token i (i >= 1) attends to the prompt and the i tokens before it."""
-    steps = [prompt + i for prompt, new in generations for i in range(1, new)]
-    return statistics.fmean(steps) if steps else 0.0
+def positions_attended(generations: list[tuple[int, int]]) -> list[int]:
+    """The number of cached positions each one-row decode step attends to, over generations given
+    as (prompt tokens, new tokens): the prefill gives the first new token, and the step that
+    gives new token i (i >= 1) attends to the prompt and the i tokens before it."""
+    return [prompt + i for prompt, new in generations for i in range(1, new)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specc.bench.bandwidth import cache_bytes_per_position, decode_read_bytes
+from specc.bench.bandwidth import CacheLayout, cache_layout, decode_read_bytes
 from specc.bench.systems import (HF_ASSISTED, HF_GREEDY, HF_PROMPT_LOOKUP, HF_STATIC, SPECC_NONE, System,
                                  engine_system, hf_system)
 from specc.contract.descriptor import TARGET
@@ -29,7 +29,7 @@ class Baselines:
     systems: list[System]
     model_info: dict
     none_read_bytes: int   # the weights a decode step of the `none` engine reads (the bandwidth bound)
-    none_cache_bytes_per_position: int   # and the cached keys and values of each position it attends to
+    none_cache_layout: CacheLayout   # and what the cached keys and values of the positions it attends to cost
     notes: list[str] = field(default_factory=list)
 
 
@@ -61,13 +61,13 @@ def build_baselines(engine, max_new_tokens: int, workdir: Path, none_engine: Pat
     assisted, note = _assisted_system(manifest, model, max_new_tokens)
     systems += [assisted] if assisted else []
     notes += [note] if note else []
-    none, none_read_bytes, none_cache_bytes = _none_system(engine, checkpoint, max_new_tokens, workdir, none_engine)
+    none, none_read_bytes, none_cache = _none_system(engine, checkpoint, max_new_tokens, workdir, none_engine)
     systems.append(none)
     model_info = {"checkpoint": str(checkpoint), "model_type": model.config.model_type,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
                   "hidden_size": model.config.hidden_size}
-    return Baselines(systems, model_info, none_read_bytes, none_cache_bytes, notes)
+    return Baselines(systems, model_info, none_read_bytes, none_cache, notes)
 
 
 def _assisted_system(manifest: dict, model, max_new_tokens: int) -> tuple[System | None, str | None]:
@@ -102,7 +102,7 @@ def _none_system(engine, checkpoint: Path, max_new_tokens: int, workdir: Path,
     baseline = load_engine(none_engine, engine.backend.name, str(engine.device))
     _check_comparable(baseline.manifest, manifest, none_engine)
     return (engine_system(SPECC_NONE, "specc none (compiled AR)", "baseline", baseline, max_new_tokens),
-            decode_read_bytes(baseline.context.modules[TARGET]), cache_bytes_per_position(baseline.context, TARGET))
+            decode_read_bytes(baseline.context.modules[TARGET]), cache_layout(baseline.context, TARGET))
 
 
 def _check_comparable(baseline: dict, engine: dict, path: Path) -> None:

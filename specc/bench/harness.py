@@ -73,7 +73,7 @@ def benchmark(options: BenchOptions) -> dict:
         runs = run_interleaved(systems, prompt_ids, options.repeats, memory, options.show_progress,
                                between_repeats=bandwidth)
     bound = bandwidth.bound(baselines.none_read_bytes,
-                            kv_cache_read_bytes(baselines.none_cache_bytes_per_position, runs, SPECC_NONE, prompt_ids))
+                            kv_cache_read_bytes(baselines.none_cache_layout, runs, SPECC_NONE, prompt_ids))
     settings = {"device": str(engine.device), "prompt_set": prompt_set.name, "prompt_source": prompt_set.source,
                 "num_prompts": len(prompts),
                 "max_new_tokens": options.max_new_tokens, "repeats": options.repeats,

@@ -298,13 +298,13 @@ def test_the_bound_is_the_median_of_samples_taken_between_repeats_with_its_range
 def test_the_bound_counts_the_cached_keys_and_values_a_decode_step_attends_to():
     """After a 3-token prompt, new token 1 comes from a step over 4 positions, token 2 over 5:
     the prefill's token reads no cache in a decode step."""
-    from specc.bench.bandwidth import kv_cache_read_bytes, mean_positions_attended
+    from specc.bench.bandwidth import CacheLayout, kv_cache_read_bytes, positions_attended
     from specc.bench.runner import Run
 
-    assert mean_positions_attended([(3, 3)]) == 4.5 and mean_positions_attended([(3, 1)]) == 0.0
-    assert mean_positions_attended([(3, 3), (10, 2)]) == pytest.approx((4 + 5 + 11) / 3)
+    assert positions_attended([(3, 3)]) == [4, 5] and positions_attended([(3, 1)]) == []
+    assert positions_attended([(3, 3), (10, 2)]) == [4, 5, 11]
     runs = [Run(SPECC_NONE, 0, 0, 1.0, [7, 8, 9], None), Run(ENGINE, 1, 0, 1.0, [7] * 50, None)]
-    assert kv_cache_read_bytes(100, runs, SPECC_NONE, [[1, 2, 3], [4]]) == 450.0
+    assert kv_cache_read_bytes(CacheLayout(50, (None, None)), runs, SPECC_NONE, [[1, 2, 3], [4]]) == 450.0
     bound = decode_bound(2000, [4000.0], kv_cache_bytes=2000)
     assert bound["bound_tokens_per_second"] == 1.0 and bound["weights_only_bound_tokens_per_second"] == 2.0
     assert "2000 MB" not in format_report(_document(bandwidth_bound=bound))
@@ -312,14 +312,40 @@ def test_the_bound_counts_the_cached_keys_and_values_a_decode_step_attends_to():
         _document(bandwidth_bound=bound))
 
 
-def test_a_position_holds_a_key_and_a_value_per_layer_and_kv_head():
+def test_a_sliding_window_layer_reads_only_the_positions_in_its_window():
+    from specc.bench.bandwidth import CacheLayout
+
+    layout = CacheLayout(10, (None, 4, 4))
+    assert layout.step_bytes(3) == 3 * 10 * 3
+    assert layout.step_bytes(100) == 10 * (100 + 4 + 4)
+
+
+def test_a_position_holds_a_key_and_a_value_per_layer_and_kv_head_and_windows_come_from_the_graph():
     from types import SimpleNamespace
 
-    from specc.bench.bandwidth import cache_bytes_per_position
+    import torch.fx as fx
+
+    from specc.bench.bandwidth import cache_layout
+    from specc.graph.nodes import ATTENTION_WINDOW
     from specc.graph.signature import CACHE_ROLE
 
     signature = SimpleNamespace(inputs_with_role=lambda role: [object()] * 6 if role == CACHE_ROLE else [])
-    architecture = SimpleNamespace(num_key_value_heads=3, head_dim=64)
-    context = SimpleNamespace(signatures={"target": signature}, architectures={"target": architecture},
-                              dtype=torch.bfloat16)
-    assert cache_bytes_per_position(context, "target") == 6 * 3 * 64 * 2
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    for window in (None, 512, None):   # a graph tags the attention calls of its sliding layers
+        node = graph.call_function(torch.relu, (x,))
+        if window:
+            node.meta[ATTENTION_WINDOW] = window
+    graph.output(x)
+    module = fx.GraphModule(torch.nn.Module(), graph)
+
+    def context(sliding_window):
+        architecture = SimpleNamespace(num_key_value_heads=3, head_dim=64, sliding_window=sliding_window)
+        return SimpleNamespace(signatures={"target": signature}, architectures={"target": architecture},
+                               dtype=torch.bfloat16, modules={"target": module})
+
+    layout = cache_layout(context(None), "target")
+    assert layout.bytes_per_layer_position == 2 * 3 * 64 * 2 and layout.windows == (512, None, None)
+    assert cache_layout(context(4096), "target").windows == (4096,) * 3   # one window for every layer
+
+
