@@ -202,15 +202,20 @@ void weighted_sum(const float* weights, const T* values, int64_t value_stride, c
     }
 }
 
+// Every cache line of one row of `dim` values asked of the memory, into the cache `Hint` names.
+template <int Hint, typename T>
+inline void request_row(const T* row, int dim) {
+    const char* bytes = reinterpret_cast<const char*>(row);
+    for (int64_t at = 0; at < static_cast<int64_t>(dim) * static_cast<int64_t>(sizeof(T)); at += 64) {
+        _mm_prefetch(bytes + at, static_cast<_mm_hint>(Hint));
+    }
+}
+
 // Every cache line of the n rows asked of the memory at once: a chunk's rows are read one after
 // another, too slowly for the hardware prefetcher to run far enough ahead in a short chunk.
 template <typename T>
 inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, int dim) {
-    const int64_t bytes = static_cast<int64_t>(dim) * sizeof(T);
-    for (int i = 0; i < n; ++i) {
-        const char* row = reinterpret_cast<const char*>(rows + seen[i] * stride);
-        for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
-    }
+    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T0>(rows + seen[i] * stride, dim);
 }
 
 // The next chunk's `n` rows asked into L2 while this one is computed: in attention_by_chunk
@@ -220,11 +225,7 @@ inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, 
 // chunk, hot after the first, and the requests would only cost instructions.
 template <typename T>
 inline void request_next_chunk(const T* rows, int64_t stride, int n, int dim) {
-    const int64_t bytes = static_cast<int64_t>(dim) * sizeof(T);
-    for (int i = 0; i < n; ++i) {
-        const char* row = reinterpret_cast<const char*>(rows + i * stride);
-        for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T1);
-    }
+    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T1>(rows + i * stride, dim);
 }
 
 // scores() for H query heads against the same keys, each key's K rows loaded once for all of
