@@ -25,8 +25,11 @@ forward of a verification tree's rows cost several plain steps. Each graph is
 therefore packaged twice: tuned at `NARROW_ROWS` query rows (decode steps and
 short chains) and at `WIDE_ROWS` (trees, prompt chunks), and a call with more
 than `NARROW_MAX_ROWS` rows runs the wide package (`benchmarks/verify_cost.py`
-compares them). The price: twice the packaging time, and the weights are
-frozen into both packages (twice the memory and disk). In bfloat16 the narrow
+compares them). The price: twice the packaging time, and, where freezing makes
+constants of its own (prepacked float linears), the weights frozen into both
+packages (twice the memory and disk); a CPU graph whose weights are all quantized
+is packaged without them, and both packages read the graph's tensors in place
+(`aoti_constants`). In bfloat16 the narrow
 package was first tuned at 2 rows with one-row calls run as two identical
 rows, because the packaged kernels ran one row slower than two. It is now
 tuned at `NARROW_ROWS_BF16` = 4 and every call of fewer rows runs padded to 4
@@ -72,6 +75,9 @@ from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import rows_computed_alike
 from specc.graph.signature import dynamic_dims, example_inputs
 from specc.lower import c_shims
+from specc.lower.aoti_constants import (CONSTANTS_KEY, FROM_GRAPH, PACKAGED_WITHOUT_CONSTANTS, hand_over_constants,
+                                        may_read_graph_constants, reads_graph_constants,
+                                        reads_only_graph_constants)
 from specc.lower.backend import EXTRA_INPUTS, EXTRA_OUTPUTS, RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.exact_rounding import exact_rounding
 from specc.lower.inductor import compile_dynamic
@@ -115,13 +121,13 @@ class AOTInductorBackend(Backend):
             raise SpeccError(f"AOTInductor packages were built with torch {built_with}, this is torch "
                              f"{torch.__version__}; recompile the engine")
         c_shims.expose(target.module, target.device)
-        narrow = _load_package(package, target.device)
+        narrow = _load_package(package, target)
         # Packages from before alike graphs ran unpadded record nothing: they serve up to
         # NARROW_MAX_ROWS rows, traced at 4.
         serves = int(narrow.get_metadata().get(SERVES_ROWS, NARROW_MAX_ROWS))
         wide, axis = artifacts / f"{target.name}{WIDE_SUFFIX}", _query_axis(target)
         if axis is not None and wide.is_file():   # engines packaged before the wide variant have none
-            narrow = RowDispatch(narrow, _load_package(wide, target.device), *axis, serves)
+            narrow = RowDispatch(narrow, _load_package(wide, target), *axis, serves)
         if _computes_rows_alike(target) and not (serves == ALIKE_NARROW_MAX_ROWS and wide.is_file()):
             return PaddedRows(narrow, row_padding(target, EXACT_ROWS))   # the engine runs it as called: pad here
         return narrow
@@ -157,14 +163,18 @@ class RowDispatch:
         return (self.narrow if rows <= self.max_rows else self.wide)(*args)
 
 
-def _load_package(path: Path, device: torch.device):
+def _load_package(path: Path, target: LoweringTarget):
     """On CUDA the package runs without its thread synchronisation, which CUDA graph capture
-    (`specc.lower.cuda_graphs`) cannot record."""
+    (`specc.lower.cuda_graphs`) cannot record. A package built without its weights reads the
+    graph's (`aoti_constants`)."""
+    device = target.device
     if device.type == "cuda":
         package = torch._inductor.aoti_load_package(str(path), run_single_threaded=True,
                                                     device_index=device.index or 0)
     else:
         package = torch._inductor.aoti_load_package(str(path))
+    if reads_graph_constants(package):
+        hand_over_constants(package, target.module)
     return FlatCall.of(package)
 
 
@@ -214,12 +224,24 @@ def _computes_rows_alike(target: LoweringTarget) -> bool:
 
 
 def _package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, str] | None = None) -> str:
+    """Package the graph, without its weights where the package can read the graph's (`aoti_constants`)."""
+    metadata = metadata or {}
+    if may_read_graph_constants(target.module, target.device):
+        _export_and_package(target, path, rows, {**metadata, CONSTANTS_KEY: FROM_GRAPH}, PACKAGED_WITHOUT_CONSTANTS)
+        if reads_only_graph_constants(path, target.module, target.device):
+            return path.name
+    _export_and_package(target, path, rows, metadata, {})
+    return path.name
+
+
+def _export_and_package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, str],
+                        extra_config: dict) -> None:
     example = example_inputs(target.signature, target.sizes, target.dtype, q=rows, kv=rows + 2, device=target.device)
     dynamic = dynamic_dims(target.signature, target.max_seq_len)
+    config = {**packaging_config(target), **extra_config, "aot_inductor.metadata": metadata}
     try:
         with torch.no_grad(), torch_threads(idle_machine_threads()), templates_parsed_once(), \
-                torch._inductor.config.patch({**packaging_config(target), "aot_inductor.metadata": metadata or {}}), \
-                warnings.catch_warnings():
+                torch._inductor.config.patch(config), warnings.catch_warnings():
             # Inductor's own use of a deprecated torch API, which nobody compiling an engine can act on.
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
             exported = torch.export.export(target.module, tuple(example), dynamic_shapes=tuple(dynamic),
@@ -228,7 +250,6 @@ def _package(target: LoweringTarget, path: Path, rows: int, metadata: dict[str, 
     except Exception as exc:
         raise SpeccError(f"AOTInductor packaging of graph {target.name!r} ({rows}-row example) failed: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    return path.name
 
 
 # Inductor writes each GEMM's autotuning table to stderr (dozens per graph on torch 2.11);

@@ -9,34 +9,8 @@ import zipfile
 
 import torch
 
-from specc.kernels import blocked_matmul, row_attention  # noqa: F401  (define torch.ops.specc.*)
-from specc.kernels.blocked_matmul import pack_blocked
 from specc.lower import c_shims
-
-
-class QuantizedLayer(torch.nn.Module):
-    """A quantized projection, then attention over cache rows with the default and an explicit scale."""
-
-    def __init__(self, heads: int = 2, dim: int = 32):
-        super().__init__()
-        self.heads, self.dim = heads, dim
-        weight = torch.randn(heads * dim, 64, generator=torch.Generator().manual_seed(0))
-        self.register_buffer("packed", pack_blocked(weight, 4))
-
-    def forward(self, x, keys, values, mask):
-        query = torch.ops.specc.blocked_matmul(x, self.packed, 4, self.heads * self.dim)
-        query = query.reshape(1, x.shape[0], self.heads, self.dim).transpose(1, 2)
-        default = torch.ops.specc.row_attention(query, keys, values, mask)
-        scaled = torch.ops.specc.row_attention(query, keys, values, mask, 0.5)
-        return default + scaled
-
-
-def _inputs(rows: int = 3, kv: int = 20):
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(rows, 64, generator=generator).bfloat16()
-    keys, values = (torch.randn(1, 1, kv, 32, generator=generator).bfloat16() for _ in range(2))
-    mask = torch.ones(1, 1, rows, kv, dtype=torch.bool).tril(kv - rows)
-    return x, keys, values, mask
+from tests.lower.quantized_layer import QuantizedLayer, example_inputs
 
 
 def test_the_operators_a_graph_calls_get_shims_on_the_cpu_only():
@@ -58,7 +32,7 @@ def test_it_looks_for_the_operators_in_an_interpreter_that_imported_nothing_else
 def test_a_package_calls_the_shims_directly_and_computes_the_same_bits(tmp_path):
     module = QuantizedLayer()
     traced = torch.fx.symbolic_trace(module)
-    example = _inputs()
+    example = example_inputs()
     with torch._inductor.config.patch(c_shims.shim_config(traced, torch.device("cpu"))):
         exported = torch.export.export(traced, example)
         path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "layer.pt2"))
