@@ -62,8 +62,9 @@ def measure_here(engine: Path) -> dict:
                "compiled_bytes": _bytes_under(engine / "compiled"), "before_load": resident()}
     loaded = load_engine(engine)
     figures["after_load"] = resident()
+    vocab = loaded.architecture("target").vocab_size
     with torch.inference_mode():
-        loaded.generate_ids(list(range(100, 164)), DECODED_TOKENS)
+        loaded.generate_ids([i % vocab for i in range(100, 164)], DECODED_TOKENS)
     figures["after_decode"] = resident()
     return figures
 
