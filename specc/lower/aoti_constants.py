@@ -27,11 +27,17 @@ FROM_GRAPH = "graph"                # the graph's own tensors, handed over at lo
 
 PACKAGED_WITHOUT_CONSTANTS = {"aot_inductor.package_constants_in_so": False}
 
+# PyTorch's own quantized matmuls (`--quantize int8|int4-g*`): freezing folds their scales into
+# constants of its own (a tiny int8 engine's package asked for 21), so trying those graphs
+# without their weights would only package them twice.
+FOLDED_BY_FREEZING = (torch.ops.aten._weight_int8pack_mm.default, torch.ops.aten._weight_int4pack_mm_for_cpu.default)
+
 
 def may_read_graph_constants(module: fx.GraphModule, device: torch.device) -> bool:
     """Whether to try packaging `module` without its weights: a CPU graph whose every weight
-    is quantized (specc's kernels take the stored tensors as they are)."""
-    return device.type == "cpu" and weights_all_quantized(module)
+    is quantized for specc's kernels, which take the stored tensors as they are."""
+    return (device.type == "cpu" and weights_all_quantized(module)
+            and not any(node.op == "call_function" and node.target in FOLDED_BY_FREEZING for node in module.graph.nodes))
 
 
 def graph_constants(module: fx.GraphModule) -> dict[str, torch.Tensor]:

@@ -26,6 +26,18 @@ class FoldedWeight(torch.nn.Module):
         return torch.relu(x @ (self.weight * 2))
 
 
+class Int8Projection(torch.nn.Module):
+    """PyTorch's int8 weight-only matmul, whose scales freezing folds into constants of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.randint(-127, 127, (16, 32), dtype=torch.int8))
+        self.register_buffer("scales", torch.rand(16).bfloat16())
+
+    def forward(self, x):
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+
+
 def _package_without_weights(module: torch.fx.GraphModule, example, path) -> str:
     config = {**c_shims.shim_config(module, torch.device("cpu")), **PACKAGED_WITHOUT_CONSTANTS, "freezing": True,
               "aot_inductor.metadata": {CONSTANTS_KEY: FROM_GRAPH}}
@@ -64,6 +76,8 @@ def test_only_cpu_graphs_whose_weights_are_all_quantized_are_packaged_without_th
     assert not may_read_graph_constants(quantized, torch.device("cuda"))
     linear = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(1, 4),)).module()
     assert not may_read_graph_constants(linear, torch.device("cpu"))
+    int8 = torch.export.export(Int8Projection(), (torch.randn(2, 32).bfloat16(),)).module()
+    assert not may_read_graph_constants(int8, torch.device("cpu"))
 
 
 @pytest.mark.slow
