@@ -33,10 +33,10 @@ PACKAGED_WITHOUT_CONSTANTS = {"aot_inductor.package_constants_in_so": False}
 FOLDED_BY_FREEZING = (torch.ops.aten._weight_int8pack_mm.default, torch.ops.aten._weight_int4pack_mm_for_cpu.default)
 
 
-def may_read_graph_constants(module: fx.GraphModule, device: torch.device) -> bool:
+def may_read_graph_constants(module: torch.nn.Module, device: torch.device) -> bool:
     """Whether to try packaging `module` without its weights: a CPU graph whose every weight
     is quantized for specc's kernels, which take the stored tensors as they are."""
-    return (device.type == "cpu" and weights_all_quantized(module)
+    return (device.type == "cpu" and isinstance(module, fx.GraphModule) and weights_all_quantized(module)
             and not any(node.op == "call_function" and node.target in FOLDED_BY_FREEZING for node in module.graph.nodes))
 
 
