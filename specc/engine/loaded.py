@@ -14,6 +14,7 @@ from specc.capture.families import ArchitectureSummary
 from specc.capture.load import load_tokenizer
 from specc.contract.descriptor import check_backend, get_method
 from specc.contract.sampling import SamplingConfig
+from specc.engine.aligned_weights import ALIGNMENT
 from specc.engine.composition import engine_runtime, with_load_time_settings
 from specc.engine.method_config import read_method_config
 from specc.engine.save import ADDED_WEIGHTS
@@ -252,14 +253,12 @@ def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
     return modules
 
 
-PACKED_WEIGHT_ALIGNMENT = 64   # bytes: what PyTorch's CPU allocator gives every tensor
-
-
 def aligned_packed_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`tensors` with every integer tensor (a `--quantize` engine's packed weights) at an aligned
-    address: safetensors places a tensor at any byte offset, and the CPU int8 matmul kernel
-    crashes (SIGSEGV) on an int8 weight that is not aligned, where it computes on a copy."""
-    return {name: t.clone() if not t.is_floating_point() and t.data_ptr() % PACKED_WEIGHT_ALIGNMENT else t
+    address: a file not written aligned (`aligned_weights`; engines before 2026-12-01) places a
+    tensor at any byte offset, and the CPU int8 matmul kernel crashes (SIGSEGV) on an int8
+    weight that is not aligned, where it computes on a copy."""
+    return {name: t.clone() if not t.is_floating_point() and t.data_ptr() % ALIGNMENT else t
             for name, t in tensors.items()}
 
 

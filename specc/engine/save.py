@@ -10,9 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-
 from specc import __version__
+from specc.engine.aligned_weights import save_aligned
 from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, checksums, ir_file_name
 from specc.errors import UsageError
 from specc.graph.serialize import graph_attributes, graph_to_json
@@ -124,11 +123,11 @@ def _write_weights(directory: Path, program: SpeculativeProgram) -> dict[str, di
     aliases: dict[str, dict[str, str]] = {}
     for source, tensors in by_source.items():
         unique, source_aliases = _dedupe(tensors)
-        save_file(unique, str(directory / f"{source}.safetensors"))
+        save_aligned(unique, directory / f"{source}.safetensors")
         aliases[source] = source_aliases
     if program.added_weights:
-        save_file({k: v.detach().contiguous() for k, v in program.added_weights.items()},
-                  str(directory.parent / ADDED_WEIGHTS))
+        save_aligned({k: v.detach().contiguous() for k, v in program.added_weights.items()},
+                     directory.parent / ADDED_WEIGHTS)
     return aliases
 
 
