@@ -2,9 +2,9 @@
 
 A safetensors file is an 8-byte length, a JSON header, then the tensors back to back; loading
 maps the file and hands out views at those offsets. specc's packed weights are sized in whole
-64-byte lines, so when the data begins on a line every packed tensor does; where it did not
-(the 1.5B's file began 8 bytes past one), loading had to copy every packed tensor to an aligned
-address, ~950 MB of memory of its own beside the file's pages. The header's length is set by
+64-byte lines, so when the data begins on a line every packed tensor does; where it did not,
+loading had to copy every packed tensor to an aligned address: memory of its own the size of
+the weights, beside the file's pages. The header's length is set by
 padding a metadata entry: each character added past the JSON's own 8-byte padding moves the
 data by one byte, so one rewrite at most aligns it.
 """

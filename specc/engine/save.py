@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
 from specc import __version__
 from specc.engine.aligned_weights import save_aligned
 from specc.engine.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, checksums, ir_file_name

@@ -28,8 +28,7 @@ FROM_GRAPH = "graph"                # the graph's own tensors, handed over at lo
 PACKAGED_WITHOUT_CONSTANTS = {"aot_inductor.package_constants_in_so": False}
 
 # PyTorch's own quantized matmuls (`--quantize int8|int4-g*`): freezing folds their scales into
-# constants of its own (a tiny int8 engine's package asked for 21), so trying those graphs
-# without their weights would only package them twice.
+# constants of its own, so trying those graphs without their weights would only package them twice.
 FOLDED_BY_FREEZING = (torch.ops.aten._weight_int8pack_mm.default, torch.ops.aten._weight_int4pack_mm_for_cpu.default)
 
 
