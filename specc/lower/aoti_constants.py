@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import attribute, weights_all_quantized
+from specc.graph.nodes import weights_all_quantized
+from specc.graph.serialize import graph_attributes
 from specc.lower import c_shims
 
 CONSTANTS_KEY = "specc_constants"   # package metadata: where the package's constants come from
@@ -39,17 +40,11 @@ def may_read_graph_constants(module: torch.nn.Module, device: torch.device) -> b
             and not any(node.op == "call_function" and node.target in FOLDED_BY_FREEZING for node in module.graph.nodes))
 
 
-def graph_constants(module: fx.GraphModule) -> dict[str, torch.Tensor]:
-    """The tensors `module`'s `get_attr` nodes name, by their dotted names (a package's FQNs)."""
-    return {node.target: attribute(module, node.target) for node in module.graph.nodes if node.op == "get_attr"
-            and isinstance(attribute(module, node.target), torch.Tensor)}
-
-
 def reads_only_graph_constants(path: Path, module: fx.GraphModule, device: torch.device) -> bool:
     """Whether every constant the package at `path` asks for is one of `module`'s tensors."""
     c_shims.expose(module, device)
     package = torch._inductor.aoti_load_package(str(path))
-    return set(package.get_constant_fqns()) <= set(graph_constants(module))
+    return set(package.get_constant_fqns()) <= set(graph_attributes(module))
 
 
 def reads_graph_constants(package) -> bool:
@@ -59,7 +54,7 @@ def reads_graph_constants(package) -> bool:
 def hand_over_constants(package, module: fx.GraphModule) -> None:
     """Point `package`'s constants at `module`'s tensors; the package keeps a reference to them,
     since it reads their memory and does not own it."""
-    constants = graph_constants(module)
+    constants = graph_attributes(module)
     handed = {name: constants[name] for name in package.get_constant_fqns()}
     package.load_constants(handed, check_full_update=True, user_managed=True)
     package.graph_constants = handed
