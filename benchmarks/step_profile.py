@@ -6,8 +6,8 @@ The engine's target graph decodes the prompts greedily (its `none` loop: one row
 whatever the engine's method), with specc's CPU operators timing each of their calls
 (`specc.kernels.call_trace`) and the graph's package timed around each call. For every
 one-row step after the prefill it splits the time from the end of the previous step to the
-end of this one into: the quantized matmuls (activation quantizing included), row
-attention, the gaps between those calls inside the graph (the graph's other kernels, and the
+end of this one into: the quantized matmuls (activation quantizing included), the decoder
+chains (`fuse_decoder_chain`), row attention, the gaps between those calls inside the graph (the graph's other kernels, and the
 calls themselves), the graph's entry and exit (before its first traced call and after its
 last), and the decoding loop outside the graph (Python). Medians over the steps, in µs per
 token; engines without specc's CPU operators have nothing to trace. Timed steps run a little
@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-PARTS = ("matmul", "attention", "gaps", "entry_exit", "outside")
+PARTS = ("matmul", "chain", "attention", "gaps", "entry_exit", "outside")
 
 
 def parse_args(argv):
@@ -103,7 +103,8 @@ def split_steps(spans: list[tuple[int, int]], calls: list) -> list[dict]:
             continue
         gaps = sum(b.start_ns - a.end_ns for a, b in zip(inside, inside[1:]))
         steps.append({
-            "matmul": _spent(inside, "matmul"), "attention": _spent(inside, "attention"), "gaps": gaps / 1e3,
+            "matmul": _spent(inside, "matmul"), "chain": _spent(inside, "chain"), "attention": _spent(inside, "attention"),
+            "gaps": gaps / 1e3,
             "entry_exit": (inside[0].start_ns - start + end - inside[-1].end_ns) / 1e3,
             "outside": (start - previous_end) / 1e3, "token": (end - previous_end) / 1e3, "calls": len(inside)})
     return steps

@@ -30,6 +30,7 @@ from specc.kernels.cpu.build import compiler
 from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
 from specc.passes.manager import readable_graph, run_passes
+from specc.passes.fuse_decoder_chain import FuseDecoderChain
 from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.select_logit_rows import SelectLogitRows
@@ -332,8 +333,10 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
 
 def _row_alike_attention(scheme: Scheme) -> list:
     """Under specc's blocked kernels attention runs row by row through specc's CPU library (which
-    those kernels need anyway); PyTorch's attention, padded, takes what that leaves."""
-    return [*([UseRowAttention(EXACT_ROWS)] if scheme.kernel == BLOCKED else []), PadAttentionRows(EXACT_ROWS)]
+    those kernels need anyway) and each decoder layer's chain after it as one call of that
+    library; PyTorch's attention, padded, takes what that leaves."""
+    blocked = [UseRowAttention(EXACT_ROWS), FuseDecoderChain()] if scheme.kernel == BLOCKED else []
+    return [*blocked, PadAttentionRows(EXACT_ROWS)]
 
 
 def _quantizer(scheme: Scheme, captured, packed: dict) -> QuantizeLinearWeights:

@@ -1,4 +1,4 @@
-"""The calls into specc's CPU operators (quantized matmul, row attention), timed by the
+"""The calls into specc's CPU operators (quantized matmul, row attention, decoder chain), timed by the
 kernels themselves while `calls_traced` is active (`cpu/call_trace.cpp`): for profiling
 where a decode step's time goes, in the kernels, between them and outside the graph.
 Timestamps are on the clock `time.perf_counter_ns` reads (Linux's monotonic clock)."""
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from specc.kernels.cpu.build import NATIVE, load_library
 
-KINDS = {1: "matmul", 2: "attention"}
+KINDS = {1: "matmul", 2: "attention", 3: "chain"}
 
 
 @dataclass(frozen=True)
 class TracedCall:
     start_ns: int
     end_ns: int
-    kind: str   # "matmul" or "attention"
+    kind: str   # "matmul", "attention" or "chain"
 
 
 @contextmanager

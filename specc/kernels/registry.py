@@ -39,6 +39,11 @@ KERNELS = {kernel.name: kernel for kernel in (
                             "hidden keys never read, on the CPU, row-invariant",
            revision=2, revised="its output [batch, heads, rows, dim] is laid out [batch, rows, heads, dim] "
                                "(2026-12-01)"),
+    Kernel("decoder_chain", "a decoder layer from its attention's output to the next layer's projection (output "
+                            "projection, residual adds, RMSNorms, SiLU-gated MLP) in one parallel region on the "
+                            "CPU, row-invariant"),
+    Kernel("decoder_chain_into_cache", "decoder_chain on to the next attention's operands: the rotary embedding "
+                                       "of q and k, k and v written into the caches, in the same region"),
 )}
 
 

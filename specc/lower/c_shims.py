@@ -4,7 +4,7 @@ A package calls a custom operator through its proxy executor unless Inductor is 
 of a C function for it: the executor boxes every argument and dispatches by name on
 each call, which cost more than the call of a small quantized matmul itself, and a q4
 decode step makes about four such calls a layer. specc's CPU library defines
-`aoti_torch_cpu_<op>` for `blocked_matmul` and `row_attention`
+`aoti_torch_cpu_<op>` for `blocked_matmul`, `row_attention` and the decoder chains
 (`specc/kernels/cpu/torch_ops.cpp`); packages for the CPU whose graph calls them are
 built to call those functions, and their shared object then names them undefined: the
 library must be loaded into the global symbol scope before such a package loads
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from specc.kernels import blocked_matmul, row_attention  # noqa: F401  (define torch.ops.specc.*)
+from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (define torch.ops.specc.*)
 from specc.kernels.registry import kernels_in_graph
 
 # Inductor writes `extern` declarations of these into the package and calls them by name:
@@ -27,6 +27,19 @@ DECLARATIONS = {
                       "int64_t bits, int64_t out_features, AtenTensorHandle* ret0)",
     "row_attention": "AOTITorchError aoti_torch_cpu_row_attention(AtenTensorHandle query, AtenTensorHandle key, "
                      "AtenTensorHandle value, AtenTensorHandle mask, double* scale, AtenTensorHandle* ret0)",
+    "decoder_chain": "AOTITorchError aoti_torch_cpu_decoder_chain(AtenTensorHandle attention, AtenTensorHandle residual, "
+                     "AtenTensorHandle o_weight, AtenTensorHandle post_norm, AtenTensorHandle gate_up_weight, "
+                     "AtenTensorHandle down_weight, AtenTensorHandle next_norm, AtenTensorHandle next_weight, "
+                     "int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, "
+                     "int64_t next_bits, double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
+    "decoder_chain_into_cache": "AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(AtenTensorHandle attention, "
+                                "AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm, "
+                                "AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, "
+                                "AtenTensorHandle next_norm, AtenTensorHandle next_weight, int64_t o_bits, "
+                                "int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps, "
+                                "AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
+                                "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, "
+                                "AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
 }
 
 

@@ -10,6 +10,7 @@ import torch.fx as fx
 from specc.graph.nodes import attribute
 from specc.graph.serialize import graph_attributes
 from specc.kernels import blocked_matmul as blocked
+from specc.kernels import decoder_chain
 from specc.quantize.quality import quantization_quality
 from specc.quantize.schemes import Scheme
 
@@ -58,8 +59,9 @@ def quantization_report(program, scheme: Scheme, graphs: list[str], model: torch
 
 
 def blocked_bits(gm: fx.GraphModule, inputs: list | None = None) -> dict[int, int]:
-    """The bits of every weight a `specc.blocked_matmul` call of `gm` (segments included) reads,
-    by the weight's data_ptr: the call says them (a tile's bytes alone can fit both 4 and 8)."""
+    """The bits of every weight a `specc.blocked_matmul` or `specc.decoder_chain` call of `gm`
+    (segments included) reads, by the weight's data_ptr: the call says them (a tile's bytes alone
+    can fit both 4 and 8)."""
     values = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs or []))
     found = {}
     for node in gm.graph.nodes:
@@ -67,9 +69,20 @@ def blocked_bits(gm: fx.GraphModule, inputs: list | None = None) -> dict[int, in
             values[node] = attribute(gm, node.target)
         elif node.op == "call_module":
             found.update(blocked_bits(gm.get_submodule(node.target), [values.get(arg) for arg in node.args]))
-        elif node.target is torch.ops.specc.blocked_matmul.default and isinstance(values.get(node.args[1]), torch.Tensor):
-            found[values[node.args[1]].data_ptr()] = node.args[2]
+        else:
+            for weight, bits in _packed_weights(node):
+                if isinstance(values.get(node.args[weight]), torch.Tensor):
+                    found[values[node.args[weight]].data_ptr()] = node.args[bits]
     return found
+
+
+def _packed_weights(node: fx.Node) -> tuple[tuple[int, int], ...]:
+    """(argument position of each blocked weight `node` reads, position of its bits)."""
+    if node.target is torch.ops.specc.blocked_matmul.default:
+        return ((1, 2),)
+    if node.target in (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default):
+        return decoder_chain.PACKED_WEIGHTS
+    return ()
 
 
 def _blocked_weight(packed: torch.Tensor, bits: int) -> tuple[str, int, int]:

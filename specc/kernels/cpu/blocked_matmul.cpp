@@ -19,6 +19,7 @@
 // the vector and the scalar paths compute each lane alike.
 
 #include "bf16.h"
+#include "blocked_matmul.h"
 #include "call_trace.h"
 
 #include <algorithm>
@@ -45,6 +46,7 @@ constexpr int kPrefetchBytes = 6144;
 
 using specc_cpu::bf16_to_float;
 using specc_cpu::float_to_bf16;
+using specc_cpu::QuantizedRows;
 
 inline float fp16_to_float(uint16_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
@@ -66,12 +68,6 @@ inline float fp16_to_float(uint16_t h) {
     std::memcpy(&f, &bits, 4);
     return f;
 }
-
-struct QuantizedRows {
-    std::vector<int8_t> values;   // [rows, k]
-    std::vector<float> scales;    // [rows, k / 32]
-    std::vector<float> sums;      // [rows, k / 32]: scale * sum of the block's values
-};
 
 void quantize_rows_scalar(const uint16_t* x, int rows, int k, QuantizedRows& out) {
     const int blocks = k / kBlock;
@@ -130,7 +126,9 @@ void quantize_rows_vector(const uint16_t* x, int rows, int k, QuantizedRows& out
 }
 #endif
 
-void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out, bool scalar) {
+}  // namespace
+
+void specc_cpu::quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out, bool scalar) {
     const int blocks = k / kBlock;
     out.values.resize(static_cast<size_t>(rows) * k);
     out.scales.resize(static_cast<size_t>(rows) * blocks);
@@ -140,6 +138,8 @@ void quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows& out, bool 
 #endif
     quantize_rows_scalar(x, rows, k, out);
 }
+
+namespace {
 
 template <int Bits>
 constexpr size_t block_value_bytes() { return kTile * kBlock * Bits / 8; }
@@ -298,35 +298,58 @@ inline void request_ahead(const uint8_t* start, size_t bytes) {
 }
 
 template <int Bits>
-void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, uint16_t* y, bool scalar) {
-    QuantizedRows a;
-    quantize_rows(x, rows, k, a, scalar);
+void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int first, int last, uint16_t* y,
+           int64_t y_stride, bool scalar) {
     const int blocks = k / kBlock;
     const size_t stride = tile_bytes<Bits>(blocks);
-    const int tiles = n / kTile;
-#pragma omp parallel
-    {
-        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        const int share = tiles / threads, longer = tiles % threads;   // omp's static schedule, by hand
-        const int first = thread * share + std::min(thread, longer);
-        const int last = first + share + (thread < longer ? 1 : 0);
-        request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kPrefetchBytes));
-        for (int t = first; t < last; ++t) {
-            const uint8_t* tile = weight + t * stride;
-            for (int r0 = 0; r0 < rows; r0 += kRowTile) {
-                const int count = std::min(kRowTile, rows - r0);
-                float out[kRowTile][kTile];
-                if (scalar) {
-                    tile_rows_scalar<Bits>(tile, blocks, a, k, r0, count, out);
-                } else {
-                    tile_rows<Bits>(tile, blocks, a, k, r0, count, out);
-                }
-                for (int r = 0; r < count; ++r) {
-                    uint16_t* dst = y + static_cast<size_t>(r0 + r) * n + t * kTile;
-                    for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[r][f]);
-                }
+    request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kPrefetchBytes));
+    for (int t = first; t < last; ++t) {
+        const uint8_t* tile = weight + t * stride;
+        for (int r0 = 0; r0 < rows; r0 += kRowTile) {
+            const int count = std::min(kRowTile, rows - r0);
+            float out[kRowTile][kTile];
+            if (scalar) {
+                tile_rows_scalar<Bits>(tile, blocks, a, k, r0, count, out);
+            } else {
+                tile_rows<Bits>(tile, blocks, a, k, r0, count, out);
+            }
+            for (int r = 0; r < count; ++r) {
+                uint16_t* dst = y + (r0 + r) * y_stride + t * kTile;
+                for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[r][f]);
             }
         }
+    }
+}
+
+}  // namespace
+
+void specc_cpu::tile_share(int tiles, int threads, int thread, int* first, int* last) {
+    const int share = tiles / threads, longer = tiles % threads;   // omp's static schedule, by hand
+    *first = thread * share + std::min(thread, longer);
+    *last = *first + share + (thread < longer ? 1 : 0);
+}
+
+void specc_cpu::blocked_tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int bits, int first,
+                              int last, uint16_t* y, int64_t y_stride, bool scalar) {
+    if (bits == 4) {
+        tiles<4>(a, rows, k, weight, first, last, y, y_stride, scalar);
+    } else if (bits == 6) {
+        tiles<6>(a, rows, k, weight, first, last, y, y_stride, scalar);
+    } else {
+        tiles<8>(a, rows, k, weight, first, last, y, y_stride, scalar);
+    }
+}
+
+namespace {
+
+void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits, uint16_t* y, bool scalar) {
+    QuantizedRows a;
+    specc_cpu::quantize_rows(x, rows, k, a, scalar);
+#pragma omp parallel
+    {
+        int first, last;
+        specc_cpu::tile_share(n / kTile, omp_get_num_threads(), omp_get_thread_num(), &first, &last);
+        specc_cpu::blocked_tiles(a, rows, k, weight, bits, first, last, y, n, scalar);
     }
 }
 
@@ -352,15 +375,8 @@ int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weig
                          uint16_t* y, int scalar) {
     if (n % kTile != 0 || k % kBlock != 0 || rows < 0) return 1;
     const specc_cpu::TracedCall traced(specc_cpu::Traced::matmul);
-    if (bits == 4) {
-        matmul<4>(x, rows, k, weight, n, y, scalar != 0);
-    } else if (bits == 6) {
-        matmul<6>(x, rows, k, weight, n, y, scalar != 0);
-    } else if (bits == 8) {
-        matmul<8>(x, rows, k, weight, n, y, scalar != 0);
-    } else {
-        return 2;
-    }
+    if (bits != 4 && bits != 6 && bits != 8) return 2;
+    matmul(x, rows, k, weight, n, bits, y, scalar != 0);
     return 0;
 }
 

@@ -33,7 +33,8 @@ from specc.errors import SpeccError
 SOURCES = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 NATIVE = "specc_cpu"
-LIBRARIES = {NATIVE: ("blocked_matmul.cpp", "row_attention.cpp", "row_argmax.cpp", "call_trace.cpp", "torch_ops.cpp")}   # else <name>.cpp alone
+LIBRARIES = {NATIVE: ("blocked_matmul.cpp", "row_attention.cpp", "decoder_chain.cpp", "row_argmax.cpp", "call_trace.cpp",
+                     "torch_ops.cpp")}   # else <name>.cpp alone
 
 
 class KernelBuildError(SpeccError):

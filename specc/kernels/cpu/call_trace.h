@@ -7,7 +7,7 @@
 
 namespace specc_cpu {
 
-enum class Traced : int64_t { matmul = 1, attention = 2 };
+enum class Traced : int64_t { matmul = 1, attention = 2, chain = 3 };
 
 bool tracing();
 int64_t now_ns();

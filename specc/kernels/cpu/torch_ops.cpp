@@ -1,12 +1,12 @@
 // The CPU kernels of this folder as the CPU implementations of torch.ops.specc.blocked_matmul,
-// torch.ops.specc.row_attention and torch.ops.specc.row_argmax (their schemas and fake
-// implementations are defined in Python: specc/kernels/blocked_matmul.py, row_attention.py,
-// row_argmax.py). Registered in C++ so that a
+// torch.ops.specc.row_attention, torch.ops.specc.decoder_chain(_into_cache) and torch.ops.specc.row_argmax
+// (their schemas and fake implementations are defined in Python: specc/kernels/blocked_matmul.py,
+// row_attention.py, decoder_chain.py, row_argmax.py). Registered in C++ so that a
 // call from an AOTInductor package or from eager PyTorch reaches the kernel without Python:
 // through a Python implementation each call cost 20-50 us of wrapping, more than a small
 // matmul or a decode step's attention takes.
 //
-// blocked_matmul and row_attention are also C shims (aoti_torch_cpu_<op>, AOTInductor's calling
+// blocked_matmul, row_attention and the decoder chains are also C shims (aoti_torch_cpu_<op>, AOTInductor's calling
 // convention for a custom op's direct call: specc/lower/c_shims.py declares them to Inductor), so a
 // package calls them as plain functions instead of through its proxy executor, which boxes every
 // argument and dispatches by name on each call.
@@ -18,8 +18,12 @@
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
+#include "decoder_chain.h"
+
 #include <cmath>
+#include <array>
 #include <optional>
+#include <tuple>
 
 extern "C" int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
                                     uint16_t* y, int scalar);
@@ -58,6 +62,109 @@ at::Tensor blocked_matmul(const at::Tensor& rows_in, const at::Tensor& packed_in
         static_cast<int>(bits), reinterpret_cast<uint16_t*>(out.data_ptr()), 0);
     TORCH_CHECK_VALUE(status == 0, "blocked_matmul refused its arguments (status ", status, ")");
     return out;
+}
+
+// A packed weight's output features, checked against its inputs and bits.
+int64_t packed_features(const char* name, const at::Tensor& packed, int64_t inputs, int64_t bits) {
+    TORCH_CHECK_VALUE((bits == 4 || bits == 6 || bits == 8) && packed.scalar_type() == at::kByte && packed.dim() == 2
+                    && packed.size(1) == specc_blocked_tile_bytes(static_cast<int>(inputs), static_cast<int>(bits)),
+                "decoder_chain: ", name, " (", packed.scalar_type(), " ", packed.sizes(), " at ", bits,
+                " bits) is no blocked weight over ", inputs, " inputs");
+    return packed.size(0) * kTile;
+}
+
+const uint16_t* bf16_vector(const char* name, const at::Tensor& t, int64_t size) {
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kBFloat16 && t.dim() == 1 && t.size(0) == size && t.is_contiguous(),
+                "decoder_chain: ", name, " must be a contiguous bfloat16 vector of ", size, ", got ", t.scalar_type(),
+                " ", t.sizes());
+    return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+
+// The chain's operands checked, with `attention` and `residual` made contiguous (kept alive in `held`).
+specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& residual_in, const at::Tensor& o_weight,
+                          const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                          const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits,
+                          int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps,
+                          std::array<at::Tensor, 2>& held) {
+    TORCH_CHECK_VALUE(attention_in.dim() == 2 && residual_in.sizes() == attention_in.sizes()
+                    && attention_in.scalar_type() == at::kBFloat16 && residual_in.scalar_type() == at::kBFloat16,
+                "decoder_chain takes bfloat16 attention and residual rows [n, hidden] of one shape, got ",
+                attention_in.scalar_type(), " ", attention_in.sizes(), " and ", residual_in.scalar_type(), " ",
+                residual_in.sizes());
+    held = {attention_in.contiguous(), residual_in.contiguous()};
+    const int64_t rows = held[0].size(0), hidden = held[0].size(1);
+    const int64_t o_features = packed_features("o_weight", o_weight, hidden, o_bits);
+    const int64_t gate_up = packed_features("gate_up_weight", gate_up_weight, hidden, gate_up_bits);
+    TORCH_CHECK_VALUE(o_features == hidden && gate_up % (2 * kTile) == 0,
+                "decoder_chain: o_weight must map hidden to hidden and gate_up_weight to twice a multiple of 16");
+    const int64_t down = packed_features("down_weight", down_weight, gate_up / 2, down_bits);
+    const int64_t next = packed_features("next_weight", next_weight, hidden, next_bits);
+    TORCH_CHECK_VALUE(down == hidden, "decoder_chain: down_weight must map to hidden (", hidden, "), maps to ", down);
+    return specc_cpu::Chain{
+        reinterpret_cast<const uint16_t*>(held[0].data_ptr()), reinterpret_cast<const uint16_t*>(held[1].data_ptr()),
+        {o_weight.data_ptr<uint8_t>(), static_cast<int>(o_bits), static_cast<int>(hidden)},
+        {gate_up_weight.data_ptr<uint8_t>(), static_cast<int>(gate_up_bits), static_cast<int>(gate_up)},
+        {down_weight.data_ptr<uint8_t>(), static_cast<int>(down_bits), static_cast<int>(hidden)},
+        {next_weight.data_ptr<uint8_t>(), static_cast<int>(next_bits), static_cast<int>(next)},
+        bf16_vector("post_norm", post_norm, hidden), bf16_vector("next_norm", next_norm, hidden),
+        static_cast<int>(rows), static_cast<int>(hidden), static_cast<float>(eps), false};
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_chain(
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
+        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, double eps) {
+    std::array<at::Tensor, 2> held;
+    const specc_cpu::Chain c = chain_of(attention, residual, o_weight, post_norm, gate_up_weight, down_weight,
+                                        next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
+    at::Tensor residual_out = at::empty({c.rows, c.hidden}, attention.options());
+    at::Tensor next_out = at::empty({c.rows, c.next.features}, attention.options());
+    const int status = specc_cpu::decoder_chain(c, nullptr, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
+                                                reinterpret_cast<uint16_t*>(next_out.data_ptr()));
+    TORCH_CHECK_VALUE(status == 0, "decoder_chain refused its arguments (status ", status, ")");
+    return {residual_out, next_out};
+}
+
+const uint16_t* bf16_rows(const char* name, const at::Tensor& t, int64_t rows, int64_t width) {
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kBFloat16 && t.numel() == rows * width && t.is_contiguous(),
+                "decoder_chain_into_cache: ", name, " must be contiguous bfloat16 [", rows, ", ", width, "], got ",
+                t.scalar_type(), " ", t.sizes());
+    return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
+        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, double eps, const at::Tensor& cos, const at::Tensor& sin,
+        const at::Tensor& positions_in, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+    std::array<at::Tensor, 2> held;
+    const specc_cpu::Chain c = chain_of(attention, residual, o_weight, post_norm, gate_up_weight, down_weight,
+                                        next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
+    TORCH_CHECK_VALUE(k_cache.dim() == 4 && k_cache.size(0) == 1 && v_cache.sizes() == k_cache.sizes()
+                    && k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16
+                    && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+                "decoder_chain_into_cache takes bfloat16 caches [1, kv_heads, capacity, head_dim] of one shape, got ",
+                k_cache.sizes(), " and ", v_cache.sizes());
+    const at::Tensor positions = positions_in.contiguous();
+    TORCH_CHECK_VALUE(positions.scalar_type() == at::kLong && positions.numel() == c.rows,
+                "decoder_chain_into_cache takes one int64 cache position a row, got ", positions.scalar_type(), " ",
+                positions.sizes());
+    const int64_t dim = k_cache.size(3);
+    at::Tensor residual_out = at::empty({c.rows, c.hidden}, attention.options());
+    at::Tensor query = at::empty({c.rows, heads * dim}, attention.options());
+    const specc_cpu::CacheWrite w{
+        bf16_rows("cos", cos, c.rows, dim), bf16_rows("sin", sin, c.rows, dim), positions.data_ptr<int64_t>(),
+        reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
+        {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
+        static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
+        reinterpret_cast<uint16_t*>(query.data_ptr())};
+    const int status = specc_cpu::decoder_chain(c, &w, reinterpret_cast<uint16_t*>(residual_out.data_ptr()), nullptr);
+    TORCH_CHECK_VALUE(status == 0, "decoder_chain_into_cache refused its arguments (status ", status, "): q/k/v of ",
+                      c.next.features, " features are no ", heads, " + 2 x ", k_cache.size(1), " heads of ", dim,
+                      ", or a position is outside the cache's ", k_cache.size(2));
+    return {residual_out, query};
 }
 
 at::Tensor last_axis_contiguous(const at::Tensor& t) {
@@ -117,6 +224,8 @@ TORCH_LIBRARY_IMPL(specc, CPU, m) {
     m.impl("row_argmax", &row_argmax);
     m.impl("blocked_matmul", &blocked_matmul);
     m.impl("row_attention", &row_attention);
+    m.impl("decoder_chain", &decoder_chain);
+    m.impl("decoder_chain_into_cache", &decoder_chain_into_cache);
 }
 
 namespace {
@@ -135,6 +244,39 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle 
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         *ret0 = torch::aot_inductor::new_tensor_handle(
             blocked_matmul(tensor_of(rows), tensor_of(packed), bits, out_features));
+    });
+}
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain(
+        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
+        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
+        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        auto [residual_out, next_out] = decoder_chain(
+            tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
+            tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
+            o_bits, gate_up_bits, down_bits, next_bits, eps);
+        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
+        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(next_out));
+    });
+}
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
+        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
+        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
+        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
+        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
+        auto [residual_out, query] = decoder_chain_into_cache(
+            tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
+            tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
+            o_bits, gate_up_bits, down_bits, next_bits, eps, tensor_of(cos), tensor_of(sin), tensor_of(positions),
+            keys, values, heads);
+        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
+        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(query));
     });
 }
 

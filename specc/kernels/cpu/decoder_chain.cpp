@@ -1,0 +1,258 @@
+// A decoder layer's chain from its attention's output to the next layer's projection, in one
+// parallel region: the output projection, the residual add, the post-attention RMSNorm, the
+// gate and up projections, SiLU(gate) x up, the down projection, the residual add, the next
+// layer's RMSNorm and its (q/k/v) projection. A q4 decode step of a small model
+// spent more between these calls than in the elementwise work itself (a parallel region per
+// matmul, each handing its rows to a one-thread kernel and back); here every thread runs the
+// small steps itself, on all rows alike, and the threads meet at three barriers a layer.
+//
+// The arithmetic is the eager bfloat16 graph's, each step rounded to bfloat16 where PyTorch's
+// would be: a + b, then the norm x * rsqrt(mean(x^2) + eps) in fp32 rounded, times its weight
+// rounded; silu(gate) rounded, times up rounded. Sums of
+// squares run over 16 lanes in a fixed order, SiLU's exp is a fixed polynomial (exp.h), and the
+// matmuls are blocked_matmul.cpp's tiles: a row's bits depend on that row alone, never on the
+// call's other rows or its threads (so verifying several rows computes what one-row decode steps
+// do). The portable path (`scalar`) may differ from the vector path in SiLU's last bit: the compiler
+// contracts the scalar polynomial its own way.
+
+#include "bf16.h"
+#include "blocked_matmul.h"
+#include "call_trace.h"
+#include "decoder_chain.h"
+#include "exp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <immintrin.h>
+#include <omp.h>
+#include <vector>
+
+namespace {
+
+using specc_cpu::bf16_to_float;
+using specc_cpu::float_to_bf16;
+using specc_cpu::CacheWrite;
+using specc_cpu::Chain;
+using specc_cpu::Projection;
+using specc_cpu::QuantizedRows;
+
+constexpr int kTile = 16, kLanes = 16;
+
+inline uint16_t round_bf16(float v) { return float_to_bf16(v); }
+inline float rounded(float v) { return bf16_to_float(float_to_bf16(v)); }
+
+// sum = a + b rounded; normed = weight * rounded(sum * rsqrt(mean(sum^2) + eps)), rounded: RMSNorm
+// as Llama's eager code computes it in bfloat16, for every row. `sum` may be null.
+void add_norm(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int rows, int hidden, float eps,
+              uint16_t* sum, uint16_t* normed, std::vector<float>& scratch) {
+    scratch.resize(hidden);
+    float* h = scratch.data();
+    for (int r = 0; r < rows; ++r) {
+        const uint16_t* ar = a + static_cast<int64_t>(r) * hidden;
+        const uint16_t* br = b + static_cast<int64_t>(r) * hidden;
+        float lanes[kLanes] = {};
+        for (int i0 = 0; i0 < hidden; i0 += kLanes) {
+            for (int l = 0; l < kLanes; ++l) {
+                const float v = rounded(bf16_to_float(ar[i0 + l]) + bf16_to_float(br[i0 + l]));
+                h[i0 + l] = v;
+                lanes[l] += v * v;
+            }
+        }
+        for (int width = kLanes / 2; width > 0; width /= 2) {
+            for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+        }
+        const float inverse = 1.f / std::sqrt(lanes[0] / static_cast<float>(hidden) + eps);
+        uint16_t* out = normed + static_cast<int64_t>(r) * hidden;
+        for (int i = 0; i < hidden; ++i) out[i] = round_bf16(bf16_to_float(weight[i]) * rounded(h[i] * inverse));
+        if (sum) {
+            uint16_t* s = sum + static_cast<int64_t>(r) * hidden;
+            for (int i = 0; i < hidden; ++i) s[i] = round_bf16(h[i]);
+        }
+    }
+}
+
+// silu(x) = x / (1 + exp(-x)) through exp of -|x| only: e = exp(-|x|), x / (1 + e) for x >= 0,
+// x e / (1 + e) below.
+inline float silu(float x) {
+    const float e = specc_cpu::exp_nonpositive(-std::fabs(x));
+    return x >= 0.f ? x / (1.f + e) : x * e / (1.f + e);
+}
+
+// act[r, f] = rounded(rounded(silu(gate)) * up) for features [first, last) of every row; gate_up
+// holds [gate | up] per row.
+void gated(const uint16_t* gate_up, int rows, int intermediate, int first, int last, uint16_t* act, bool scalar) {
+    for (int r = 0; r < rows; ++r) {
+        const uint16_t* gate = gate_up + static_cast<int64_t>(r) * 2 * intermediate;
+        const uint16_t* up = gate + intermediate;
+        uint16_t* out = act + static_cast<int64_t>(r) * intermediate;
+        int f = first;
+#if defined(__AVX512F__)
+        if (!scalar) {
+            const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+            const __m512 one = _mm512_set1_ps(1.f);
+            for (; f + kLanes <= last; f += kLanes) {
+                auto widen = [](const uint16_t* p) {
+                    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+                    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+                };
+                const __m512 x = widen(gate + f), u = widen(up + f);
+                const __m512 e = specc_cpu::exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_and_ps(x, magnitude)));
+                const __m512 numerator = _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), x, e);
+                const __m512 s = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
+                alignas(64) float sv[kLanes], uv[kLanes];
+                _mm512_store_ps(sv, s);
+                _mm512_store_ps(uv, u);
+                for (int l = 0; l < kLanes; ++l) out[f + l] = round_bf16(rounded(sv[l]) * uv[l]);
+            }
+        }
+#endif
+        for (; f < last; ++f) out[f] = round_bf16(rounded(silu(bf16_to_float(gate[f]))) * bf16_to_float(up[f]));
+    }
+}
+
+void project(const QuantizedRows& a, int rows, int k, const Projection& p, int first, int last, uint16_t* y,
+             int64_t stride, bool scalar) {
+    specc_cpu::blocked_tiles(a, rows, k, p.weight, p.bits, first, last, y, stride, scalar);
+}
+
+// x rotated: rounded(rounded(x * cos) + rounded(rotate_half(x) * sin)), rotate_half(x) = (-x2, x1).
+void rotate(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, int dim, uint16_t* out) {
+    const int half = dim / 2;
+    for (int d = 0; d < dim; ++d) {
+        const float turned = d < half ? -bf16_to_float(x[d + half]) : bf16_to_float(x[d - half]);
+        out[d] = round_bf16(rounded(bf16_to_float(x[d]) * bf16_to_float(cos[d]))
+                            + rounded(turned * bf16_to_float(sin[d])));
+    }
+}
+
+// Heads [first, last) of the rows' q/k/v: q heads rotated into the query, k heads rotated into the
+// key cache, v heads copied into the value cache, each at its row's position.
+void write_heads(const uint16_t* qkv, int rows, const CacheWrite& w, int first, int last) {
+    const int dim = w.head_dim, features = (w.heads + 2 * w.kv_heads) * dim;
+    for (int head = first; head < last; ++head) {
+        for (int r = 0; r < rows; ++r) {
+            const uint16_t* x = qkv + static_cast<int64_t>(r) * features + static_cast<int64_t>(head) * dim;
+            const uint16_t* cos = w.cos + static_cast<int64_t>(r) * dim;
+            const uint16_t* sin = w.sin + static_cast<int64_t>(r) * dim;
+            const int64_t position = w.positions[r];
+            if (head < w.heads) {
+                rotate(x, cos, sin, dim, w.query + (static_cast<int64_t>(r) * w.heads + head) * dim);
+            } else if (head < w.heads + w.kv_heads) {
+                const int h = head - w.heads;
+                rotate(x, cos, sin, dim, w.k_cache + h * w.k_strides[0] + position * w.k_strides[1]);
+            } else {
+                const int h = head - w.heads - w.kv_heads;
+                std::copy(x, x + dim, w.v_cache + h * w.v_strides[0] + position * w.v_strides[1]);
+            }
+        }
+    }
+}
+
+struct Shared {
+    std::vector<uint16_t> o, gate_up, act, down, next;
+};
+
+struct Private {
+    QuantizedRows a;
+    std::vector<uint16_t> sum, normed;
+    std::vector<float> scratch;
+};
+
+void run(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out) {
+    const int rows = c.rows, hidden = c.hidden, intermediate = c.gate_up.features / 2;
+    thread_local Shared shared;
+    shared.o.resize(static_cast<size_t>(rows) * hidden);
+    shared.gate_up.resize(static_cast<size_t>(rows) * 2 * intermediate);
+    shared.act.resize(static_cast<size_t>(rows) * intermediate);
+    shared.down.resize(static_cast<size_t>(rows) * hidden);
+    if (cache) shared.next.resize(static_cast<size_t>(rows) * c.next.features);
+    Shared& s = shared;
+    uint16_t* projected = cache ? shared.next.data() : next_out;
+#pragma omp parallel
+    {
+        thread_local Private mine;
+        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        int first, last;
+        mine.sum.resize(static_cast<size_t>(rows) * hidden);
+        mine.normed.resize(static_cast<size_t>(rows) * hidden);
+
+        specc_cpu::quantize_rows(c.attention, rows, hidden, mine.a, c.scalar);
+        specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
+        project(mine.a, rows, hidden, c.o, first, last, s.o.data(), hidden, c.scalar);
+#pragma omp barrier
+        add_norm(c.residual, s.o.data(), c.post_norm, rows, hidden, c.eps, mine.sum.data(), mine.normed.data(),
+                 mine.scratch);
+        specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
+        // Each thread takes the same features of gate and of up, so it can multiply them itself.
+        specc_cpu::tile_share(intermediate / kTile, threads, thread, &first, &last);
+        project(mine.a, rows, hidden, c.gate_up, first, last, s.gate_up.data(), 2 * intermediate, c.scalar);
+        project(mine.a, rows, hidden, c.gate_up, intermediate / kTile + first, intermediate / kTile + last,
+                s.gate_up.data(), 2 * intermediate, c.scalar);
+        gated(s.gate_up.data(), rows, intermediate, first * kTile, last * kTile, s.act.data(), c.scalar);
+#pragma omp barrier
+        specc_cpu::quantize_rows(s.act.data(), rows, intermediate, mine.a, c.scalar);
+        specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
+        project(mine.a, rows, intermediate, c.down, first, last, s.down.data(), hidden, c.scalar);
+#pragma omp barrier
+        add_norm(mine.sum.data(), s.down.data(), c.next_norm, rows, hidden, c.eps, thread == 0 ? residual_out : nullptr,
+                 mine.normed.data(), mine.scratch);
+        specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
+        specc_cpu::tile_share(c.next.features / kTile, threads, thread, &first, &last);
+        project(mine.a, rows, hidden, c.next, first, last, projected, c.next.features, c.scalar);
+        if (cache) {
+#pragma omp barrier
+            specc_cpu::tile_share(cache->heads + 2 * cache->kv_heads, threads, thread, &first, &last);
+            write_heads(projected, rows, *cache, first, last);
+        }
+    }
+}
+
+bool writable(const CacheWrite& w, int rows, int features) {
+    if (w.heads <= 0 || w.kv_heads <= 0 || w.head_dim <= 0 || w.head_dim % 2
+        || (w.heads + 2 * w.kv_heads) * w.head_dim != features) {
+        return false;
+    }
+    for (int r = 0; r < rows; ++r) {
+        if (w.positions[r] < 0 || w.positions[r] >= w.capacity) return false;
+    }
+    return true;
+}
+
+bool fits(const Projection& p, int inputs) {
+    return (p.bits == 4 || p.bits == 6 || p.bits == 8) && p.features > 0 && p.features % kTile == 0
+           && inputs > 0 && inputs % 32 == 0;
+}
+
+}  // namespace
+
+int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out) {
+    const int intermediate = c.gate_up.features / 2;
+    if (c.rows < 0 || !fits(c.o, c.hidden) || c.o.features != c.hidden || !fits(c.gate_up, c.hidden)
+        || intermediate % kTile != 0 || !fits(c.down, intermediate) || c.down.features != c.hidden
+        || !fits(c.next, c.hidden) || (cache && !writable(*cache, c.rows, c.next.features))) {
+        return 1;
+    }
+    const specc_cpu::TracedCall traced(specc_cpu::Traced::chain);
+    run(c, cache, residual_out, next_out);
+    return 0;
+}
+
+extern "C" {
+
+// decoder_chain without a cache write, for ctypes: residual_out [rows, hidden] and next_out
+// [rows, next_features] (bfloat16) for `attention` and `residual` [rows, hidden] and weights
+// packed as blocked_matmul's (gate_up: gate's features, then up's). Returns 0, or 1 on shapes it
+// refuses.
+int specc_decoder_chain(const uint16_t* attention, const uint16_t* residual, int rows, int hidden,
+                        const uint8_t* o_weight, int o_bits, const uint16_t* post_norm, const uint8_t* gate_up_weight,
+                        int gate_up_bits, int intermediate, const uint8_t* down_weight, int down_bits,
+                        const uint16_t* next_norm, const uint8_t* next_weight, int next_bits, int next_features,
+                        float eps, uint16_t* residual_out, uint16_t* next_out, int scalar) {
+    const Chain c{attention, residual, {o_weight, o_bits, hidden}, {gate_up_weight, gate_up_bits, 2 * intermediate},
+                  {down_weight, down_bits, hidden}, {next_weight, next_bits, next_features}, post_norm, next_norm,
+                  rows, hidden, eps, scalar != 0};
+    return specc_cpu::decoder_chain(c, nullptr, residual_out, next_out);
+}
+
+}

@@ -1,0 +1,45 @@
+// A decoder layer's chain from its attention's output to the next layer's projection, in one
+// parallel region (decoder_chain.cpp), for the C++ operators of torch_ops.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace specc_cpu {
+
+struct Projection {
+    const uint8_t* weight;   // packed as blocked_matmul's
+    int bits;
+    int features;
+};
+
+struct Chain {
+    const uint16_t* attention;   // [rows, hidden]
+    const uint16_t* residual;    // [rows, hidden]
+    Projection o, gate_up, down, next;
+    const uint16_t* post_norm;   // [hidden]
+    const uint16_t* next_norm;   // [hidden]
+    int rows, hidden;
+    float eps;
+    bool scalar;
+};
+
+// The next projection's q/k/v ([heads | kv_heads | kv_heads] heads of head_dim) taken further:
+// the rotary embedding on q and k (Llama's rotate-half form, in eager bfloat16 steps), k and v
+// written into the caches at each row's position, q returned.
+struct CacheWrite {
+    const uint16_t* cos;         // [rows, head_dim]
+    const uint16_t* sin;         // [rows, head_dim]
+    const int64_t* positions;    // [rows]
+    uint16_t* k_cache;           // [1, kv_heads, capacity, head_dim], strides below
+    uint16_t* v_cache;
+    int64_t k_strides[2], v_strides[2];   // of the head and the position axes
+    int64_t capacity;
+    int heads, kv_heads, head_dim;
+    uint16_t* query;             // [rows, heads * head_dim]
+};
+
+// residual_out [rows, hidden] and, without `cache`, next_out [rows, next features]; with it, the
+// cache writes and `cache->query`. Returns 0, or 1 on shapes or positions it refuses.
+int decoder_chain(const Chain& chain, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out);
+
+}  // namespace specc_cpu

@@ -1,0 +1,155 @@
+"""`torch.ops.specc.decoder_chain`: a decoder layer's chain from its attention's output to the
+next layer's projection, on the CPU, in one parallel region (`cpu/decoder_chain.cpp`, compiled
+into specc's CPU library, which registers it as the operator's CPU implementation:
+`cpu/torch_ops.cpp`).
+
+For rows `attention` and `residual` `[n, hidden]` (bfloat16) and weights packed for
+`blocked_matmul` it returns `(residual_out, next)`:
+
+    h = residual + attention @ o            (rounded to bfloat16, as each step below)
+    x = rms_norm(h, post_norm, eps)
+    a = silu(x @ gate) * (x @ up)           (gate_up: gate's features, then up's)
+    residual_out = h + a @ down
+    next = rms_norm(residual_out, next_norm, eps) @ next_weight
+
+which is what a Llama or Qwen2 decoder layer computes from the attention's output up to the
+next layer's q/k/v projection, before its bias (`fuse_decoder_chain` puts it in their
+place). `torch.ops.specc.decoder_chain_into_cache` takes the same operands and, for a
+projection without a bias, goes on to the next attention's operands: the rotary embedding on q
+and k (`cos`, `sin` `[rows, head_dim]`, Llama's rotate-half form, in eager bfloat16 steps), k and
+v written into `k_cache` and `v_cache` `[1, kv_heads, capacity, head_dim]` at each row's
+`cache_positions` entry, and returns `(residual_out, query)` with `query` `[rows, heads *
+head_dim]`. Each row is computed on its own, so a row's bits never depend on the call's other
+rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from specc.kernels.blocked_matmul import TILE, check_inputs, reference as matmul_reference
+from specc.kernels.cpu.build import NATIVE, load_library
+
+LIBRARY = NATIVE
+# (position of a packed weight among the operator's arguments, position of its bits)
+PACKED_WEIGHTS = ((2, 8), (4, 9), (5, 10), (7, 11))
+
+
+def _pointer(tensor: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(tensor.data_ptr() if tensor is not None else None)
+
+
+def _features(packed: torch.Tensor) -> int:
+    return packed.shape[0] * TILE
+
+
+def _run(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm, next_weight,
+         o_bits, gate_up_bits, down_bits, next_bits, eps, scalar: bool = False):
+    hidden, intermediate = attention.shape[1], _features(gate_up_weight) // 2
+    if residual.shape != attention.shape or residual.dtype != torch.bfloat16:
+        raise ValueError(f"decoder_chain takes bfloat16 attention and residual rows of one shape, got "
+                         f"{list(attention.shape)} and {residual.dtype} {list(residual.shape)}")
+    rows = attention.contiguous()
+    check_inputs(rows, o_weight, o_bits, hidden)
+    check_inputs(rows, gate_up_weight, gate_up_bits, 2 * intermediate)
+    check_inputs(rows.new_empty(rows.shape[0], intermediate), down_weight, down_bits, hidden)
+    check_inputs(rows, next_weight, next_bits, _features(next_weight))
+    if any(v.dtype != torch.bfloat16 or v.shape != (hidden,) for v in (post_norm, next_norm)):
+        raise ValueError(f"decoder_chain takes bfloat16 norm weights of {hidden}")
+    residual_out = torch.empty_like(rows)
+    next_out = rows.new_empty(rows.shape[0], _features(next_weight))
+    post_norm, next_norm = post_norm.contiguous(), next_norm.contiguous()
+    status = load_library(LIBRARY).specc_decoder_chain(
+        _pointer(rows), _pointer(residual.contiguous()), rows.shape[0], hidden, _pointer(o_weight), o_bits,
+        _pointer(post_norm), _pointer(gate_up_weight), gate_up_bits, intermediate, _pointer(down_weight), down_bits,
+        _pointer(next_norm), _pointer(next_weight), next_bits, _features(next_weight), ctypes.c_float(eps), _pointer(residual_out), _pointer(next_out), int(scalar))
+    if status != 0:
+        raise ValueError(f"decoder_chain refused its arguments (status {status})")
+    return residual_out, next_out
+
+
+torch.library.define(
+    "specc::decoder_chain",
+    "(Tensor attention, Tensor residual, Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, "
+    "Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, int gate_up_bits, "
+    "int down_bits, int next_bits, float eps) -> (Tensor, Tensor)")
+
+
+# The CPU implementation is C++ (`cpu/torch_ops.cpp`), registered when specc's CPU library loads;
+# until then this one stands in: it loads the library and computes its call through ctypes.
+@torch.library.impl("specc::decoder_chain", "CompositeExplicitAutograd")
+def _decoder_chain_until_loaded(*args):
+    return _run(*args)
+
+
+@torch.library.register_fake("specc::decoder_chain")
+def _decoder_chain_fake(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
+                        next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps):
+    return attention.new_empty(attention.shape), attention.new_empty(attention.shape[0], _features(next_weight))
+
+
+def decoder_chain(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm, next_weight,
+                  o_bits, gate_up_bits, down_bits, next_bits, eps):
+    """`(residual_out, next)` of the module docstring's chain."""
+    return torch.ops.specc.decoder_chain.default(attention, residual, o_weight, post_norm, gate_up_weight,
+                                                 down_weight, next_norm, next_weight, o_bits, gate_up_bits, down_bits,
+                                                 next_bits, eps)
+
+
+torch.library.define(
+    "specc::decoder_chain_into_cache",
+    "(Tensor attention, Tensor residual, Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, "
+    "Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, int gate_up_bits, int down_bits, "
+    "int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, Tensor(a!) k_cache, "
+    "Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
+
+
+# The CPU implementation is C++ (`cpu/torch_ops.cpp`), registered when specc's CPU library loads,
+# which this stand-in does before calling the operator again.
+@torch.library.impl("specc::decoder_chain_into_cache", "CompositeExplicitAutograd")
+def _decoder_chain_into_cache_until_loaded(*args):
+    load_library(LIBRARY)
+    return torch.ops.specc.decoder_chain_into_cache.default(*args)
+
+
+@torch.library.register_fake("specc::decoder_chain_into_cache")
+def _decoder_chain_into_cache_fake(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
+                                   next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin,
+                                   cache_positions, k_cache, v_cache, heads):
+    return attention.new_empty(attention.shape), attention.new_empty(attention.shape[0], heads * k_cache.shape[3])
+
+
+def decoder_chain_into_cache(*args):
+    """`(residual_out, query)` of the module docstring's chain taken on to the cache writes."""
+    return torch.ops.specc.decoder_chain_into_cache.default(*args)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama's rotary embedding of `x` `[..., head_dim]` in eager bfloat16 steps."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def scalar_decoder_chain(*args):
+    """The kernel's portable path, forced (what a CPU without AVX-512 runs): for tests."""
+    return _run(*args, scalar=True)
+
+
+def reference(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm, next_weight,
+              o_bits, gate_up_bits, down_bits, next_bits, eps):
+    """The chain in PyTorch's eager bfloat16 steps around `blocked_matmul.reference` (its sums run in
+    other orders, so it agrees with the kernel to a bfloat16 rounding here and there)."""
+    def matmul(rows, packed, bits):
+        return matmul_reference(rows, packed, bits, _features(packed)).to(torch.bfloat16)
+
+    def rms_norm(x, weight):
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+
+    h = residual + matmul(attention, o_weight, o_bits)
+    gate, up = matmul(rms_norm(h, post_norm), gate_up_weight, gate_up_bits).chunk(2, dim=-1)
+    residual_out = h + matmul(F.silu(gate) * up, down_weight, down_bits)
+    return residual_out, matmul(rms_norm(residual_out, next_norm), next_weight, next_bits)

@@ -1,0 +1,388 @@
+"""Run each decoder layer's chain after its attention as one call of specc's CPU kernel.
+
+Under specc's blocked kernels (`q4`/`q6`/`q8`) a decoder layer of the Llama form, from its
+attention's output to the next layer's projection, is four matmul calls with three small
+kernels between them:
+
+    h = residual + reshape(blocked_matmul(attention, o))
+    x = rms_norm(h, post_norm)            (to float32, pow 2, mean, + eps, rsqrt, mul, to bfloat16, weight *)
+    gate_up = blocked_matmul(reshape(x), gate_up)
+    act = silu(reshape(gate_up[:, :I])) * reshape(gate_up[:, I:])
+    residual_out = h + reshape(blocked_matmul(reshape(act), down))
+    next = blocked_matmul(reshape(rms_norm(residual_out, next_norm)), next)
+
+This pass puts `torch.ops.specc.decoder_chain` in its place: one parallel region a layer
+instead of four, and no hand-over of each matmul's rows to a one-thread kernel and back
+(`specc/kernels/decoder_chain.py`; docs/quantization.md, "One call a layer"). A chain matches
+only whole: every intermediate used by the chain alone (`residual_out` may have any users:
+the next residual, a method's exits), one eps for both norms. Qwen2's q/k/v biases stay
+where they are, added to `next`'s columns. The last layer (whose next norm feeds the head),
+GELU or extra norms (Gemma 3) and chains split across graph segments do not match and keep
+their calls. Every graph of an engine runs this pass, so a layer computes the same bits in
+the `none` engine and in any method's verifying graph.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from specc.graph.nodes import graph_modules
+from specc.graph.tidy import tidy
+from specc.kernels import blocked_matmul, decoder_chain  # noqa: F401  (register torch.ops.specc.*)
+from specc.passes.base import GraphPass, PassResult
+
+aten = torch.ops.aten
+MATMUL = torch.ops.specc.blocked_matmul.default
+DECODER_CHAIN = torch.ops.specc.decoder_chain.default
+DECODER_CHAIN_INTO_CACHE = torch.ops.specc.decoder_chain_into_cache.default
+LAST = 9223372036854775807   # a slice's open end as export records it
+
+
+class FuseDecoderChain(GraphPass):
+    name = "fuse_decoder_chain"
+
+    def run(self, gm: fx.GraphModule) -> PassResult:
+        inserted, replaced = [], []
+        for module in graph_modules(gm):
+            # one at a time: a chain's residual is the previous chain's output
+            fused = 0
+            for node in list(module.graph.nodes):
+                if node.users and (chain := match_chain(node)) is not None:
+                    replaced.append(chain.next_matmul.name)
+                    writes = match_cache_write(chain.next_matmul)
+                    inserted.append((_fuse_into_cache(module, chain, writes) if writes else _fuse(module, chain)).name)
+                    fused += 1
+            if fused:
+                tidy(module)
+        if not replaced:
+            return PassResult.unchanged(gm)
+        return PassResult(gm, True, inserted=inserted, replaced=replaced)
+
+
+class Chain:
+    """The nodes of one matched chain that its fused call needs."""
+
+    def __init__(self, **nodes):
+        self.__dict__.update(nodes)
+
+
+def match_chain(next_matmul: fx.Node) -> Chain | None:
+    """The chain ending at `next_matmul` (a blocked matmul of a normed residual), or None."""
+    if not _calls(next_matmul, MATMUL):
+        return None
+    normed_next = _unreshaped(next_matmul.args[0])
+    norm_next = _rms_norm(normed_next)
+    if norm_next is None or not _only_user(next_matmul.args[0], next_matmul) \
+            or not _only_user(normed_next, next_matmul.args[0]):
+        return None
+    residual_out, next_norm, eps, _ = norm_next
+    mlp = _residual_add(residual_out)
+    if mlp is None:
+        return None
+    h, down_out = mlp
+    down = _matmul_of(down_out)
+    if down is None:
+        return None
+    gate_up = _gated(_unreshaped(down.args[0]), down.args[0])
+    if gate_up is None or not _only_user(down.args[0], down):
+        return None
+    normed_post = _unreshaped(gate_up.args[0])
+    norm_post = _rms_norm(normed_post)
+    if norm_post is None or norm_post[0] is not h or norm_post[2] != eps \
+            or not _only_user(gate_up.args[0], gate_up) or not _only_user(normed_post, gate_up.args[0]):
+        return None
+    attention_out = _residual_add(h)
+    if attention_out is None:
+        return None
+    residual, o_out = attention_out
+    o = _matmul_of(o_out)
+    if o is None or not _users_within(h, {residual_out, norm_post[3]}):
+        return None
+    hidden = o.args[3]
+    if down.args[3] != hidden or gate_up.args[3] % 2:
+        return None
+    return Chain(attention=o.args[0], residual=residual, o=o, post_norm=norm_post[1], gate_up=gate_up, down=down,
+                 next_norm=next_norm, next_matmul=next_matmul, residual_out=residual_out, down_out=down_out,
+                 hidden=hidden, eps=eps)
+
+
+def _fuse(module: fx.GraphModule, chain: Chain) -> fx.Node:
+    """The fused call before `residual_out`, in place of it and of the next matmul."""
+    graph = module.graph
+    before = set(graph.nodes)
+    with graph.inserting_before(chain.residual_out):
+        fused = graph.call_function(DECODER_CHAIN, tuple(_chain_operands(graph, chain)))
+        residual_rows = graph.call_function(operator.getitem, (fused, 0))
+        next_rows = graph.call_function(operator.getitem, (fused, 1))
+        residual_out = _residual_out(graph, chain, residual_rows)
+    _tag(set(graph.nodes) - before, chain)
+    chain.residual_out.replace_all_uses_with(residual_out)
+    chain.next_matmul.replace_all_uses_with(next_rows)
+    return fused
+
+
+def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) -> fx.Node:
+    """The fused call taken on to the cache writes, before `residual_out`: in place of it, of the
+    rotated query, and of the two cache writes (erased: they write in place)."""
+    graph = module.graph
+    before = set(graph.nodes)
+    with graph.inserting_before(chain.residual_out):
+        fused = graph.call_function(DECODER_CHAIN_INTO_CACHE, (
+            *_chain_operands(graph, chain), writes.cos, writes.sin, writes.positions, writes.k_cache,
+            writes.v_cache, writes.heads))
+        residual_rows = graph.call_function(operator.getitem, (fused, 0))
+        query_rows = graph.call_function(operator.getitem, (fused, 1))
+        residual_out = _residual_out(graph, chain, residual_rows)
+    with graph.inserting_before(writes.query):
+        heads = graph.call_function(aten.view.default, (query_rows, writes.query_view))
+        query = graph.call_function(aten.transpose.int, (heads, 1, 2))
+    _tag(set(graph.nodes) - before, chain)
+    chain.residual_out.replace_all_uses_with(residual_out)
+    writes.query.replace_all_uses_with(query)
+    for write, cache in ((writes.k_write, writes.k_cache), (writes.v_write, writes.v_cache)):
+        write.replace_all_uses_with(cache)
+        graph.erase_node(write)
+    return fused
+
+
+def _chain_operands(graph: fx.Graph, chain: Chain) -> list:
+    """The operands both operators take, read at the insertion point."""
+    residual_rows = graph.call_function(aten.reshape.default, (chain.residual, [-1, chain.hidden]))
+    weights = [_available(graph, node) for node in
+               (chain.o.args[1], chain.post_norm, chain.gate_up.args[1], chain.down.args[1], chain.next_norm,
+                chain.next_matmul.args[1])]
+    bits = [chain.o.args[2], chain.gate_up.args[2], chain.down.args[2], chain.next_matmul.args[2]]
+    return [chain.attention, residual_rows, *weights, *bits, chain.eps]
+
+
+def _residual_out(graph: fx.Graph, chain: Chain, rows: fx.Node) -> fx.Node:
+    """`rows` `[n, hidden]` in `residual_out`'s shape, sized by the residual, not by the chain's own
+    nodes (which are then left unused)."""
+    leading = [graph.call_function(aten.sym_size.int, (chain.residual, dim))
+               for dim in range(len(chain.down_out.args[1]) - 1)]
+    return graph.call_function(aten.reshape.default, (rows, [*leading, chain.hidden]))
+
+
+def _tag(nodes, chain: Chain) -> None:
+    for node in nodes:
+        node.meta["nn_module_stack"] = chain.residual_out.meta.get("nn_module_stack", [])
+
+
+def _available(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    """`node` usable at the insertion point: a weight read (`get_attr`) is read again there, since
+    the graph reads each weight just before its use."""
+    return graph.get_attr(node.target) if node.op == "get_attr" else node
+
+
+def _calls(node, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _unreshaped(node):
+    return node.args[0] if _calls(node, aten.reshape.default, aten.view.default) else node
+
+
+def _users(node: fx.Node) -> set[fx.Node]:
+    """`node`'s users but the reads of its sizes (`quantize_linear_weights` reshapes with them)."""
+    return {user for user in node.users if not _calls(user, aten.sym_size.int)}
+
+
+def _only_user(node: fx.Node, user: fx.Node) -> bool:
+    return isinstance(node, fx.Node) and _users(node) == {user}
+
+
+def _users_within(node: fx.Node, allowed: set) -> bool:
+    return _users(node) <= allowed
+
+
+def _matmul_of(reshaped) -> fx.Node | None:
+    """The blocked matmul whose `[rows, out]` result `reshaped` reshapes back, used there alone."""
+    matmul = _unreshaped(reshaped)
+    if matmul is reshaped or not _calls(matmul, MATMUL) or not _only_user(matmul, reshaped) \
+            or len(_users(reshaped)) != 1:
+        return None
+    return matmul
+
+
+def _residual_add(node) -> tuple[fx.Node, fx.Node] | None:
+    """(residual, addend) of `node = residual + reshape(matmul)`, else None."""
+    if not _calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+        return None
+    residual, addend = node.args
+    return (residual, addend) if isinstance(residual, fx.Node) and isinstance(addend, fx.Node) else None
+
+
+def _to_dtype(node, dtype: torch.dtype):
+    """x of `x.to(dtype)`, else None."""
+    if _calls(node, aten.to.dtype) and len(node.args) >= 2 and node.args[1] == dtype:
+        return node.args[0]
+    if _calls(node, aten._to_copy.default) and node.kwargs.get("dtype") == dtype and len(node.args) == 1:
+        return node.args[0]
+    return None
+
+
+def _rms_norm(node) -> tuple[fx.Node, fx.Node, float, fx.Node] | None:
+    """(x, weight, eps, x32) of Llama's eager RMSNorm ending at `node`, its inner nodes used within it
+    alone: weight * (x32 * rsqrt(mean(x32 ** 2, -1, keepdim) + eps)).to(bfloat16), x32 = x.to(float32)."""
+    if not _calls(node, aten.mul.Tensor) or len(node.args) != 2:
+        return None
+    weight, scaled = node.args
+    if _to_dtype(scaled, torch.bfloat16) is None:
+        weight, scaled = scaled, weight
+    product = _to_dtype(scaled, torch.bfloat16)
+    if not isinstance(weight, fx.Node) or weight.op not in ("get_attr", "placeholder") \
+            or not _calls(product, aten.mul.Tensor) or not _only_user(scaled, node) or not _only_user(product, scaled):
+        return None
+    x32, root = product.args
+    if not _calls(root, aten.rsqrt.default) or not _only_user(root, product):
+        return None
+    shifted = root.args[0]
+    if not _calls(shifted, aten.add.Tensor) or not isinstance(shifted.args[1], float) or not _only_user(shifted, root):
+        return None
+    mean = shifted.args[0]
+    if not _calls(mean, aten.mean.dim) or list(mean.args[1]) != [-1] or not (len(mean.args) > 2 and mean.args[2]) \
+            or not _only_user(mean, shifted):
+        return None
+    square = mean.args[0]
+    if not _calls(square, aten.pow.Tensor_Scalar) or square.args != (x32, 2) or not _only_user(square, mean):
+        return None
+    x = _to_dtype(x32, torch.float32)
+    if x is None or _users(x32) != {square, product}:
+        return None
+    return x, weight, shifted.args[1], x32
+
+
+def _gated(act, reshaped_act) -> fx.Node | None:
+    """The gate/up matmul of `act = silu(reshape(gu[:, :I])) * reshape(gu[:, I:])`, every step used
+    once, else None."""
+    if not _calls(act, aten.mul.Tensor) or len(act.args) != 2 or not _only_user(act, reshaped_act):
+        return None
+    activated, up = act.args
+    if not _calls(activated, aten.silu.default) or not _only_user(activated, act) or not _only_user(up, act):
+        return None
+    gate = activated.args[0]
+    if not _only_user(gate, activated):
+        return None
+    gate_slice, up_slice = _unreshaped(gate), _unreshaped(up)
+    if not (_calls(gate_slice, aten.slice.Tensor) and _calls(up_slice, aten.slice.Tensor)):
+        return None
+    gate_up = gate_slice.args[0]
+    if not _calls(gate_up, MATMUL) or up_slice.args[0] is not gate_up or _users(gate_up) != {gate_slice, up_slice}:
+        return None
+    half = gate_up.args[3] // 2
+    if tuple(gate_slice.args[1:]) != (1, 0, half) or tuple(up_slice.args[1:3]) != (1, half) \
+            or up_slice.args[3] < 2 * half:
+        return None
+    return gate_up
+
+
+class CacheWrites:
+    """What a chain's next projection feeds in Llama's attention: the rotated query, the two cache
+    writes, and their operands."""
+
+    def __init__(self, **nodes):
+        self.__dict__.update(nodes)
+
+
+def match_cache_write(projection: fx.Node) -> CacheWrites | None:
+    """The rotary embedding and cache writes a bias-free q/k/v `projection` feeds, else None:
+    q, k, v its column slices in that order, each viewed as heads (`[1, s, -1, head_dim]`,
+    transposed), q and k rotated by one cos and sin, k and v written into caches at one set of
+    positions, every step used there alone."""
+    slices = sorted(_users(projection), key=lambda n: n.args[2] if _calls(n, aten.slice.Tensor) else -1)
+    if len(slices) != 3 or not all(_calls(n, aten.slice.Tensor) and n.args[1] == 1 for n in slices):
+        return None
+    bounds = [(n.args[2], n.args[3]) for n in slices]
+    if bounds[0][0] != 0 or bounds[0][1] != bounds[1][0] or bounds[1][1] != bounds[2][0] \
+            or bounds[2][1] not in (projection.args[3], LAST):
+        return None
+    heads = [_as_heads(n) for n in slices]
+    if any(h is None for h in heads):
+        return None
+    (q, q_view), (k, _), (v, _) = heads
+    head_dim = q_view[3]
+    q_rope, k_rope = _rotated(q, head_dim), _rotated(k, head_dim)
+    if q_rope is None or k_rope is None or q_rope[1:] != k_rope[1:]:
+        return None
+    k_write, v_write = _cache_write(k_rope[0]), _cache_write(v)
+    if k_write is None or v_write is None or k_write.args[1][2] is not v_write.args[1][2]:
+        return None
+    width = bounds[0][1]
+    if width % head_dim or (bounds[1][1] - bounds[1][0]) % head_dim:
+        return None
+    return CacheWrites(query=q_rope[0], query_view=q_view, cos=q_rope[1], sin=q_rope[2],
+                       positions=k_write.args[1][2], k_cache=k_write.args[0], v_cache=v_write.args[0],
+                       k_write=k_write, v_write=v_write, heads=width // head_dim)
+
+
+def _as_heads(columns: fx.Node) -> tuple[fx.Node, list] | None:
+    """(x, the view's shape) of `x = transpose(view(reshape(columns, ...), [1, s, -1, head_dim]), 1, 2)`."""
+    reshaped = _single_user(columns)
+    viewed = _single_user(reshaped) if _calls(reshaped, aten.reshape.default, aten.view.default) else None
+    if not _calls(viewed, aten.view.default, aten.reshape.default):
+        return None
+    shape = viewed.args[1]
+    transposed = _single_user(viewed)
+    if len(shape) != 4 or shape[0] != 1 or shape[2] != -1 or not isinstance(shape[3], int) \
+            or not _calls(transposed, aten.transpose.int) or tuple(transposed.args[1:]) != (1, 2):
+        return None
+    return transposed, list(shape)
+
+
+def _single_user(node) -> fx.Node | None:
+    users = _users(node) if isinstance(node, fx.Node) else set()
+    return next(iter(users)) if len(users) == 1 else None
+
+
+def _rotated(x: fx.Node, head_dim: int) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(the result, cos, sin) of Llama's `x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)`,
+    its steps used there alone."""
+    half = head_dim // 2
+    users = _users(x)
+    if len(users) != 3:
+        return None
+    by_kind = {}
+    for user in users:
+        if _calls(user, aten.mul.Tensor) and user.args[0] is x:
+            by_kind["scaled"] = user
+        elif _calls(user, aten.slice.Tensor) and tuple(user.args[1:]) == (3, 0, half):
+            by_kind["first"] = user
+        elif _calls(user, aten.slice.Tensor) and tuple(user.args[1:3]) == (3, half) and user.args[3] in (head_dim, LAST):
+            by_kind["second"] = user
+    if len(by_kind) != 3:
+        return None
+    negated = _single_user(by_kind["second"])
+    turned = _single_user(negated) if _calls(negated, aten.neg.default) else None
+    if not _calls(turned, aten.cat.default) or list(turned.args[0]) != [negated, by_kind["first"]] \
+            or turned.args[1] not in (-1, 3) or _single_user(by_kind["first"]) is not turned:
+        return None
+    swung = _single_user(turned)
+    total = _single_user(by_kind["scaled"])
+    if not _calls(swung, aten.mul.Tensor) or swung.args[0] is not turned or not _calls(total, aten.add.Tensor) \
+            or set(total.args) != {by_kind["scaled"], swung} or total.args[0] is not by_kind["scaled"]:
+        return None
+    cos, sin = (_unsqueezed(node.args[1]) for node in (by_kind["scaled"], swung))
+    if cos is None or sin is None:
+        return None
+    return total, cos, sin
+
+
+def _unsqueezed(node) -> fx.Node | None:
+    """t of `t.unsqueeze(1)`."""
+    return node.args[0] if _calls(node, aten.unsqueeze.default) and node.args[1] == 1 else None
+
+
+def _cache_write(value: fx.Node) -> fx.Node | None:
+    """The `cache.index_put_([None, None, positions], value)` of `value`, read by one slice alone."""
+    write = _single_user(value)
+    if not _calls(write, aten.index_put_.default) or write.args[2] is not value or len(write.args) > 3:
+        return None
+    indices = write.args[1]
+    if len(indices) != 3 or indices[0] is not None or indices[1] is not None or not isinstance(indices[2], fx.Node) \
+            or write.args[0].op != "placeholder":
+        return None
+    reader = _single_user(write)
+    return write if _calls(reader, aten.slice.Tensor) and reader.args[1] == 2 else None

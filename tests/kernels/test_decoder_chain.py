@@ -1,0 +1,127 @@
+"""specc.decoder_chain and specc.decoder_chain_into_cache, a decoder layer from its attention's output
+to the next attention's operands in one call: they compute the chain's eager steps (to bfloat16
+roundings), each row the same bits whatever the call's other rows or threads, and the cache write
+is the eager rotary embedding of the chain's own projection, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.host.threads import torch_threads
+from specc.kernels.blocked_matmul import pack_blocked
+from specc.kernels.cpu.build import NATIVE, load_library
+from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, reference, rotate,
+                                         scalar_decoder_chain)
+
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, DIM, SLOTS = 128, 320, 4, 2, 32, 24
+NEXT = (HEADS + 2 * KV_HEADS) * DIM
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    load_library(NATIVE)
+
+
+def _weights(seed: int = 0) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+
+    def packed(out, inputs, bits):
+        return pack_blocked(torch.randn(out, inputs, generator=g) * 0.1, bits)
+
+    def norm():
+        return (1 + 0.1 * torch.randn(HIDDEN, generator=g)).bfloat16()
+
+    return (packed(HIDDEN, HIDDEN, 4), norm(), packed(2 * INTERMEDIATE, HIDDEN, 4), packed(HIDDEN, INTERMEDIATE, 6),
+            norm(), packed(NEXT, HIDDEN, 8), 4, 4, 6, 8, 1e-5)
+
+
+def _rows(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(rows, HIDDEN, generator=g).bfloat16() for _ in range(2))
+
+
+def test_it_computes_the_chain():
+    weights = _weights()
+    attention, residual = _rows(3)
+    args = (attention, residual, *weights)
+    got = decoder_chain(*args)
+    want = reference(*args)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.bfloat16 and g.shape == w.shape
+        torch.testing.assert_close(g.float(), w.float(), rtol=0.05, atol=0.05 * w.float().abs().amax().item())
+
+
+def test_a_row_is_the_same_bits_in_calls_of_any_size_and_threads():
+    weights = _weights()
+    attention, residual = _rows(5)
+    together = decoder_chain(attention, residual, *weights)
+    for threads in (1, 2):
+        with torch_threads(threads):
+            for r in range(5):
+                alone = decoder_chain(attention[r:r + 1], residual[r:r + 1], *weights)
+                assert all(torch.equal(a, t[r:r + 1]) for a, t in zip(alone, together))
+
+
+def test_the_portable_path_agrees():
+    weights = _weights()
+    attention, residual = _rows(2)
+    for fast, portable in zip(decoder_chain(attention, residual, *weights),
+                              scalar_decoder_chain(attention, residual, *weights)):
+        torch.testing.assert_close(fast.float(), portable.float(), rtol=0.02, atol=0.02)
+
+
+def _rotary(rows: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(rows, DIM // 2, generator=g) * 6
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().bfloat16(), angles.sin().bfloat16()
+
+
+def _caches() -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.zeros(1, KV_HEADS, SLOTS, DIM, dtype=torch.bfloat16) for _ in range(2))
+
+
+def test_into_the_cache_it_writes_the_eager_rotary_embedding_of_its_own_projection():
+    weights = _weights()
+    attention, residual = _rows(3)
+    cos, sin = _rotary(3)
+    positions = torch.tensor([5, 6, 11])
+    k_cache, v_cache = _caches()
+    residual_out, query = decoder_chain_into_cache(attention, residual, *weights, cos, sin, positions, k_cache,
+                                                   v_cache, HEADS)
+    plain_residual, projected = decoder_chain(attention, residual, *weights)
+    assert torch.equal(residual_out, plain_residual)
+    heads = projected.view(3, HEADS + 2 * KV_HEADS, DIM).transpose(0, 1)   # [heads, rows, dim]
+    turned = rotate(heads, cos, sin)
+    assert torch.equal(query, turned[:HEADS].transpose(0, 1).reshape(3, HEADS * DIM))
+    assert torch.equal(k_cache[0][:, positions], turned[HEADS:HEADS + KV_HEADS])
+    assert torch.equal(v_cache[0][:, positions], heads[HEADS + KV_HEADS:])
+    untouched = [p for p in range(SLOTS) if p not in positions.tolist()]
+    assert not k_cache[0][:, untouched].any() and not v_cache[0][:, untouched].any()
+
+
+def test_into_the_cache_rows_are_the_same_bits_alone():
+    weights = _weights()
+    attention, residual = _rows(4)
+    cos, sin = _rotary(4)
+    positions = torch.arange(7, 11)
+    together_caches, alone_caches = _caches(), _caches()
+    together = decoder_chain_into_cache(attention, residual, *weights, cos, sin, positions, *together_caches, HEADS)
+    for r in range(4):
+        alone = decoder_chain_into_cache(attention[r:r + 1], residual[r:r + 1], *weights, cos[r:r + 1],
+                                         sin[r:r + 1], positions[r:r + 1], *alone_caches, HEADS)
+        assert all(torch.equal(a, t[r:r + 1]) for a, t in zip(alone, together))
+    assert all(torch.equal(a, t) for a, t in zip(alone_caches, together_caches))
+
+
+def test_it_refuses_a_position_outside_the_cache_and_heads_that_do_not_fit():
+    weights = _weights()
+    attention, residual = _rows(1)
+    cos, sin = _rotary(1)
+    with pytest.raises(ValueError, match="outside the cache"):
+        decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([SLOTS]), *_caches(), HEADS)
+    with pytest.raises(ValueError, match="no 3 \\+ 2 x 2 heads"):
+        decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([0]), *_caches(), 3)
+    with pytest.raises(ValueError, match="o_weight"):
+        decoder_chain(attention, residual, weights[2], *weights[1:])

@@ -1,0 +1,85 @@
+"""fuse_decoder_chain: on a graph of specc's blocked kernels, each decoder layer's chain from its
+attention's output to the next layer's projection becomes one `specc.decoder_chain` call that
+computes what the chain computed (to bfloat16 roundings), rows alike at any row count; the last
+layer and graphs of other forms keep their calls."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specc.contract.infrastructure import infrastructure_passes
+from specc.passes.fuse_decoder_chain import DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, MATMUL, FuseDecoderChain
+from specc.passes.manager import run_passes
+from specc.passes.quantize_linear_weights import QuantizeLinearWeights
+from specc.passes.use_row_attention import UseRowAttention
+from specc.quantize.schemes import parse_scheme
+from specc.testing.checkpoints import captured_tiny, empty_caches, non_matching_graph, run_cached_steps
+
+
+def _quantized(family: str):
+    _, captured = captured_tiny(family, dtype="bfloat16")
+    full, _ = run_passes("target", captured.graph_module, infrastructure_passes())
+    quantized, _ = run_passes("target", full, [QuantizeLinearWeights(parse_scheme("q4")), UseRowAttention(4)])
+    return quantized, captured.architecture
+
+
+# Llama's chains go on to the cache writes; Qwen2's q/k/v biases keep its rotary embedding apart.
+FUSED_AS = {"llama": DECODER_CHAIN_INTO_CACHE, "qwen2": DECODER_CHAIN}
+
+
+@pytest.fixture(scope="module", params=sorted(FUSED_AS))
+def graphs(request):
+    quantized, arch = _quantized(request.param)
+    fused, records = run_passes("target", copy.deepcopy(quantized), [FuseDecoderChain()])
+    assert records[0].modified
+    return quantized, fused, arch, FUSED_AS[request.param]
+
+
+def _calls(gm, target) -> int:
+    return sum(node.target == target for node in gm.graph.nodes)
+
+
+def _caches(arch) -> list:
+    return [cache.to(torch.bfloat16) for cache in empty_caches(arch)]
+
+
+def test_every_layer_but_the_last_runs_its_chain_as_one_call(graphs):
+    quantized, fused, arch, operator = graphs
+    assert _calls(fused, operator) == arch.num_layers - 1
+    assert _calls(fused, DECODER_CHAIN) + _calls(fused, DECODER_CHAIN_INTO_CACHE) == arch.num_layers - 1
+    writes = sum(node.target == torch.ops.aten.index_put_.default for node in fused.graph.nodes)
+    assert writes == 2 * arch.num_layers - (2 * (arch.num_layers - 1) if operator == DECODER_CHAIN_INTO_CACHE else 0)
+    # each fused chain takes the place of four matmuls: o, gate/up, down, and the next q/k/v
+    assert _calls(quantized, MATMUL) - _calls(fused, MATMUL) == 4 * (arch.num_layers - 1)
+    assert not FuseDecoderChain()(fused).modified
+
+
+def test_the_fused_graph_computes_what_the_chain_computed(graphs):
+    quantized, fused, arch, _ = graphs
+    ids = torch.randint(0, arch.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    chunks = [(0, 8), (8, 9), (9, 11), (11, 12)]
+    caches = {gm: _caches(arch) for gm in (fused, quantized)}
+    got, want = (run_cached_steps(gm, ids, chunks, arch, caches=caches[gm]).float() for gm in (fused, quantized))
+    torch.testing.assert_close(got, want, rtol=0.03, atol=0.03 * want.abs().amax().item())
+    for written, expected in zip(caches[fused], caches[quantized]):   # the same keys and values, where written
+        torch.testing.assert_close(written[:, :, :12].float(), expected[:, :, :12].float(), rtol=0.05,
+                                   atol=0.05 * expected.abs().amax().item())
+
+
+def test_a_call_of_several_rows_computes_the_bits_of_one_row_steps(graphs):
+    _, fused, arch, _ = graphs
+    ids = torch.randint(0, arch.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    caches = [_caches(arch), _caches(arch)]
+    stepwise = run_cached_steps(fused, ids, [(0, 8), *((i, i + 1) for i in range(8, 12))], arch, caches=caches[0])
+    together = run_cached_steps(fused, ids, [(0, 8), (8, 12)], arch, caches=caches[1])
+    assert torch.equal(stepwise[:, 8:], together[:, 8:])
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+
+
+def test_a_graph_without_blocked_matmuls_is_left_alone():
+    _, captured = captured_tiny("llama", dtype="bfloat16")
+    assert not FuseDecoderChain()(copy.deepcopy(captured.graph_module)).modified
+    assert not FuseDecoderChain()(non_matching_graph()).modified
