@@ -19,8 +19,10 @@ projection without a bias, goes on to the next attention's operands: the rotary 
 and k (`cos`, `sin` `[rows, head_dim]`, Llama's rotate-half form, in eager bfloat16 steps), k and
 v written into `k_cache` and `v_cache` `[1, kv_heads, capacity, head_dim]` at each row's
 `cache_positions` entry, and returns `(residual_out, query)` with `query` `[rows, heads *
-head_dim]`. Each row is computed on its own, so a row's bits never depend on the call's other
-rows.
+head_dim]`. `torch.ops.specc.decoder_layer` runs the layer's row attention first (`query`,
+`key`, `value`, `mask` and `scale` as `row_attention` takes them; its output is the chain's
+`attention`), so a layer after the first is one call. Each row is computed on its own, so a
+row's bits never depend on the call's other rows.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from specc.kernels.blocked_matmul import TILE, check_inputs, reference as matmul
 from specc.kernels.cpu.build import NATIVE, load_library
 
 LIBRARY = NATIVE
-# (position of a packed weight among the operator's arguments, position of its bits)
+# (position of a packed weight among the operator's arguments, position of its bits), by operator
 PACKED_WEIGHTS = ((2, 8), (4, 9), (5, 10), (7, 11))
+LAYER_PACKED_WEIGHTS = ((6, 12), (8, 13), (9, 14), (11, 15))
 
 
 def _pointer(tensor: torch.Tensor | None) -> ctypes.c_void_p:
@@ -125,6 +128,31 @@ def _decoder_chain_into_cache_fake(attention, residual, o_weight, post_norm, gat
 def decoder_chain_into_cache(*args):
     """`(residual_out, query)` of the module docstring's chain taken on to the cache writes."""
     return torch.ops.specc.decoder_chain_into_cache.default(*args)
+
+
+torch.library.define(
+    "specc::decoder_layer",
+    "(Tensor query, Tensor key, Tensor value, Tensor mask, float scale, Tensor residual, Tensor o_weight, "
+    "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, "
+    "int gate_up_bits, int down_bits, int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, "
+    "Tensor(a!) k_cache, Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
+
+
+@torch.library.impl("specc::decoder_layer", "CompositeExplicitAutograd")
+def _decoder_layer_until_loaded(*args):
+    load_library(LIBRARY)
+    return torch.ops.specc.decoder_layer.default(*args)
+
+
+@torch.library.register_fake("specc::decoder_layer")
+def _decoder_layer_fake(query, key, value, mask, scale, residual, *rest):
+    k_cache, heads = rest[-3], rest[-1]
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape[0], heads * k_cache.shape[3])
+
+
+def decoder_layer(*args):
+    """`(residual_out, query)` of the layer's row attention and `decoder_chain_into_cache`, in one call."""
+    return torch.ops.specc.decoder_layer.default(*args)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ KERNELS = {kernel.name: kernel for kernel in (
                             "CPU, row-invariant"),
     Kernel("decoder_chain_into_cache", "decoder_chain on to the next attention's operands: the rotary embedding "
                                        "of q and k, k and v written into the caches, in the same region"),
+    Kernel("decoder_layer", "the layer's row attention, then decoder_chain_into_cache, in one parallel region"),
 )}
 
 

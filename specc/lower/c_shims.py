@@ -40,6 +40,14 @@ DECLARATIONS = {
                                 "AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
                                 "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, "
                                 "AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
+    "decoder_layer": "AOTITorchError aoti_torch_cpu_decoder_layer(AtenTensorHandle query, AtenTensorHandle key, "
+                     "AtenTensorHandle value, AtenTensorHandle mask, double scale, AtenTensorHandle residual, "
+                     "AtenTensorHandle o_weight, AtenTensorHandle post_norm, AtenTensorHandle gate_up_weight, "
+                     "AtenTensorHandle down_weight, AtenTensorHandle next_norm, AtenTensorHandle next_weight, "
+                     "int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps, "
+                     "AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
+                     "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, "
+                     "AtenTensorHandle* ret1)",
 }
 
 

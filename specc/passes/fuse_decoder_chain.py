@@ -13,9 +13,12 @@ kernels between them:
 
 This pass puts `torch.ops.specc.decoder_chain` in its place: one parallel region a layer
 instead of four, and no hand-over of each matmul's rows to a one-thread kernel and back
-(`specc/kernels/decoder_chain.py`; docs/quantization.md, "One call a layer"). A chain matches
-only whole: every intermediate used by the chain alone (`residual_out` may have any users:
-the next residual, a method's exits), one eps for both norms. Qwen2's q/k/v biases stay
+(`specc/kernels/decoder_chain.py`; docs/quantization.md, "One call a layer"). Where `next`
+is a bias-free q/k/v whose columns go to Llama's rotary embedding and cache writes,
+`decoder_chain_into_cache` does those too, and where the chain's attention rows are a
+`row_attention`'s output, `decoder_layer` runs that attention first: one call a layer. A
+chain matches only whole: every intermediate used by the chain alone (`residual_out` may
+have any users: the next residual, a method's exits), one eps for both norms. Qwen2's q/k/v biases stay
 where they are, added to `next`'s columns. The last layer (whose next norm feeds the head),
 GELU or extra norms (Gemma 3) and chains split across graph segments do not match and keep
 their calls. Every graph of an engine runs this pass, so a layer computes the same bits in
@@ -31,13 +34,15 @@ import torch.fx as fx
 
 from specc.graph.nodes import graph_modules
 from specc.graph.tidy import tidy
-from specc.kernels import blocked_matmul, decoder_chain  # noqa: F401  (register torch.ops.specc.*)
+from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (register torch.ops.specc.*)
 from specc.passes.base import GraphPass, PassResult
 
 aten = torch.ops.aten
 MATMUL = torch.ops.specc.blocked_matmul.default
 DECODER_CHAIN = torch.ops.specc.decoder_chain.default
 DECODER_CHAIN_INTO_CACHE = torch.ops.specc.decoder_chain_into_cache.default
+DECODER_LAYER = torch.ops.specc.decoder_layer.default
+ROW_ATTENTION = torch.ops.specc.row_attention.default
 LAST = 9223372036854775807   # a slice's open end as export records it
 
 
@@ -126,13 +131,19 @@ def _fuse(module: fx.GraphModule, chain: Chain) -> fx.Node:
 
 def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) -> fx.Node:
     """The fused call taken on to the cache writes, before `residual_out`: in place of it, of the
-    rotated query, and of the two cache writes (erased: they write in place)."""
+    rotated query, and of the two cache writes (erased: they write in place); from the layer's
+    row attention on (`decoder_layer`) where the chain's attention rows are its output."""
     graph = module.graph
     before = set(graph.nodes)
+    attention = _attention_of(chain.attention)
     with graph.inserting_before(chain.residual_out):
-        fused = graph.call_function(DECODER_CHAIN_INTO_CACHE, (
-            *_chain_operands(graph, chain), writes.cos, writes.sin, writes.positions, writes.k_cache,
-            writes.v_cache, writes.heads))
+        operands = _chain_operands(graph, chain)
+        cache = (writes.cos, writes.sin, writes.positions, writes.k_cache, writes.v_cache, writes.heads)
+        if attention is None:
+            fused = graph.call_function(DECODER_CHAIN_INTO_CACHE, (*operands, *cache))
+        else:
+            scale = attention.kwargs.get("scale") or writes.query_view[3] ** -0.5
+            fused = graph.call_function(DECODER_LAYER, (*attention.args, scale, *operands[1:], *cache))
         residual_rows = graph.call_function(operator.getitem, (fused, 0))
         query_rows = graph.call_function(operator.getitem, (fused, 1))
         residual_out = _residual_out(graph, chain, residual_rows)
@@ -169,6 +180,21 @@ def _residual_out(graph: fx.Graph, chain: Chain, rows: fx.Node) -> fx.Node:
 def _tag(nodes, chain: Chain) -> None:
     for node in nodes:
         node.meta["nn_module_stack"] = chain.residual_out.meta.get("nn_module_stack", [])
+
+
+def _attention_of(rows: fx.Node) -> fx.Node | None:
+    """The row attention whose output `rows` (`[n, heads * head_dim]`) is, through its reshapes and
+    one transpose of heads and rows, each step used there alone; else None."""
+    node, transposes = rows, 0
+    while _calls(node, aten.reshape.default, aten.view.default, aten.transpose.int):
+        if _calls(node, aten.transpose.int):
+            if tuple(node.args[1:]) != (1, 2):
+                return None
+            transposes += 1
+        node = node.args[0]
+        if len(_users(node)) != 1:
+            return None
+    return node if _calls(node, ROW_ATTENTION) and transposes == 1 and len(node.args) == 4 else None
 
 
 def _available(graph: fx.Graph, node: fx.Node) -> fx.Node:

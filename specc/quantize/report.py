@@ -59,7 +59,7 @@ def quantization_report(program, scheme: Scheme, graphs: list[str], model: torch
 
 
 def blocked_bits(gm: fx.GraphModule, inputs: list | None = None) -> dict[int, int]:
-    """The bits of every weight a `specc.blocked_matmul` or `specc.decoder_chain` call of `gm`
+    """The bits of every weight a `specc.blocked_matmul` or decoder chain call of `gm`
     (segments included) reads, by the weight's data_ptr: the call says them (a tile's bytes alone
     can fit both 4 and 8)."""
     values = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs or []))
@@ -82,6 +82,8 @@ def _packed_weights(node: fx.Node) -> tuple[tuple[int, int], ...]:
         return ((1, 2),)
     if node.target in (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default):
         return decoder_chain.PACKED_WEIGHTS
+    if node.target is torch.ops.specc.decoder_layer.default:
+        return decoder_chain.LAYER_PACKED_WEIGHTS
     return ()
 
 

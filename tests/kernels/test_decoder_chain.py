@@ -11,8 +11,9 @@ import torch
 from specc.host.threads import torch_threads
 from specc.kernels.blocked_matmul import pack_blocked
 from specc.kernels.cpu.build import NATIVE, load_library
-from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, reference, rotate,
+from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, decoder_layer, reference, rotate,
                                          scalar_decoder_chain)
+from specc.kernels.row_attention import row_attention
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, DIM, SLOTS = 128, 320, 4, 2, 32, 24
 NEXT = (HEADS + 2 * KV_HEADS) * DIM
@@ -113,6 +114,29 @@ def test_into_the_cache_rows_are_the_same_bits_alone():
                                          sin[r:r + 1], positions[r:r + 1], *alone_caches, HEADS)
         assert all(torch.equal(a, t[r:r + 1]) for a, t in zip(alone, together))
     assert all(torch.equal(a, t) for a, t in zip(alone_caches, together_caches))
+
+
+def test_a_layer_is_its_row_attention_then_the_chain_bit_for_bit():
+    weights = _weights()
+    _, residual = _rows(3)
+    cos, sin = _rotary(3)
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(1, HEADS, 3, DIM, generator=g).bfloat16()
+    keys, values = (torch.randn(1, KV_HEADS, SLOTS, DIM, generator=g).bfloat16()[:, :, :9] for _ in range(2))
+    mask = torch.ones(1, 1, 3, 9, dtype=torch.bool).tril(diagonal=6)
+    positions = torch.tensor([9, 10, 11])
+    attended = row_attention(query, keys, values, mask, 0.2)            # [1, heads, rows, dim], laid out by rows
+    chained_caches, layer_caches = _caches(), _caches()
+    chained = decoder_chain_into_cache(attended.transpose(1, 2).reshape(3, HEADS * DIM), residual, *weights, cos, sin,
+                                       positions, *chained_caches, HEADS)
+    layered = decoder_layer(query, keys, values, mask, 0.2, residual, *weights, cos, sin, positions, *layer_caches,
+                            HEADS)
+    assert all(torch.equal(a, b) for a, b in zip(layered, chained))
+    assert all(torch.equal(a, b) for a, b in zip(layer_caches, chained_caches))
+    for r in range(3):   # and each row alone
+        alone = decoder_layer(query[:, :, r:r + 1], keys, values, mask[:, :, r:r + 1], 0.2, residual[r:r + 1],
+                              *weights, cos[r:r + 1], sin[r:r + 1], positions[r:r + 1], *_caches(), HEADS)
+        assert all(torch.equal(a, b[r:r + 1]) for a, b in zip(alone, layered))
 
 
 def test_it_refuses_a_position_outside_the_cache_and_heads_that_do_not_fit():

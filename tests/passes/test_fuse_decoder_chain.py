@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specc.contract.infrastructure import infrastructure_passes
-from specc.passes.fuse_decoder_chain import DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, MATMUL, FuseDecoderChain
+from specc.passes.fuse_decoder_chain import (DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, DECODER_LAYER, MATMUL,
+                                             ROW_ATTENTION, FuseDecoderChain)
 from specc.passes.manager import run_passes
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.use_row_attention import UseRowAttention
@@ -26,8 +27,10 @@ def _quantized(family: str):
     return quantized, captured.architecture
 
 
-# Llama's chains go on to the cache writes; Qwen2's q/k/v biases keep its rotary embedding apart.
-FUSED_AS = {"llama": DECODER_CHAIN_INTO_CACHE, "qwen2": DECODER_CHAIN}
+# Llama's layers run from their attention to the next one's cache writes; Qwen2's q/k/v biases keep
+# its rotary embedding, so its attention, apart.
+FUSED_AS = {"llama": DECODER_LAYER, "qwen2": DECODER_CHAIN}
+CHAINS = (DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, DECODER_LAYER)
 
 
 @pytest.fixture(scope="module", params=sorted(FUSED_AS))
@@ -49,9 +52,11 @@ def _caches(arch) -> list:
 def test_every_layer_but_the_last_runs_its_chain_as_one_call(graphs):
     quantized, fused, arch, operator = graphs
     assert _calls(fused, operator) == arch.num_layers - 1
-    assert _calls(fused, DECODER_CHAIN) + _calls(fused, DECODER_CHAIN_INTO_CACHE) == arch.num_layers - 1
+    assert sum(_calls(fused, chain) for chain in CHAINS) == arch.num_layers - 1
     writes = sum(node.target == torch.ops.aten.index_put_.default for node in fused.graph.nodes)
-    assert writes == 2 * arch.num_layers - (2 * (arch.num_layers - 1) if operator == DECODER_CHAIN_INTO_CACHE else 0)
+    in_layers = operator == DECODER_LAYER
+    assert writes == 2 * arch.num_layers - (2 * (arch.num_layers - 1) if in_layers else 0)
+    assert _calls(fused, ROW_ATTENTION) == (1 if in_layers else arch.num_layers)
     # each fused chain takes the place of four matmuls: o, gate/up, down, and the next q/k/v
     assert _calls(quantized, MATMUL) - _calls(fused, MATMUL) == 4 * (arch.num_layers - 1)
     assert not FuseDecoderChain()(fused).modified

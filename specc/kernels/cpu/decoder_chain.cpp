@@ -150,7 +150,7 @@ void write_heads(const uint16_t* qkv, int rows, const CacheWrite& w, int first, 
 }
 
 struct Shared {
-    std::vector<uint16_t> o, gate_up, act, down, next;
+    std::vector<uint16_t> attention, o, gate_up, act, down, next;
 };
 
 struct Private {
@@ -159,7 +159,8 @@ struct Private {
     std::vector<float> scratch;
 };
 
-void run(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out) {
+void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention* attention, uint16_t* residual_out,
+         uint16_t* next_out) {
     const int rows = c.rows, hidden = c.hidden, intermediate = c.gate_up.features / 2;
     thread_local Shared shared;
     shared.o.resize(static_cast<size_t>(rows) * hidden);
@@ -169,6 +170,10 @@ void run(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16
     if (cache) shared.next.resize(static_cast<size_t>(rows) * c.next.features);
     Shared& s = shared;
     uint16_t* projected = cache ? shared.next.data() : next_out;
+    if (attention) shared.attention.resize(static_cast<size_t>(rows) * hidden);
+    const uint16_t* attended = attention ? shared.attention.data() : c.attention;
+    const specc_cpu::RowAttentionTeam team =
+        attention ? specc_cpu::row_attention_team(*attention, omp_get_max_threads()) : specc_cpu::RowAttentionTeam{};
 #pragma omp parallel
     {
         thread_local Private mine;
@@ -177,7 +182,11 @@ void run(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16
         mine.sum.resize(static_cast<size_t>(rows) * hidden);
         mine.normed.resize(static_cast<size_t>(rows) * hidden);
 
-        specc_cpu::quantize_rows(c.attention, rows, hidden, mine.a, c.scalar);
+        if (attention) {
+            specc_cpu::row_attention_in_team(*attention, team, s.attention.data(), thread, threads);
+#pragma omp barrier
+        }
+        specc_cpu::quantize_rows(attended, rows, hidden, mine.a, c.scalar);
         specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
         project(mine.a, rows, hidden, c.o, first, last, s.o.data(), hidden, c.scalar);
 #pragma omp barrier
@@ -226,15 +235,18 @@ bool fits(const Projection& p, int inputs) {
 
 }  // namespace
 
-int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out) {
+int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, const RowAttention* attention,
+                             uint16_t* residual_out, uint16_t* next_out) {
     const int intermediate = c.gate_up.features / 2;
     if (c.rows < 0 || !fits(c.o, c.hidden) || c.o.features != c.hidden || !fits(c.gate_up, c.hidden)
         || intermediate % kTile != 0 || !fits(c.down, intermediate) || c.down.features != c.hidden
-        || !fits(c.next, c.hidden) || (cache && !writable(*cache, c.rows, c.next.features))) {
+        || !fits(c.next, c.hidden) || (cache && !writable(*cache, c.rows, c.next.features))
+        || (attention && (attention->batch != 1 || attention->rows != c.rows
+                          || attention->heads * attention->dim != c.hidden))) {
         return 1;
     }
     const specc_cpu::TracedCall traced(specc_cpu::Traced::chain);
-    run(c, cache, residual_out, next_out);
+    run(c, cache, attention, residual_out, next_out);
     return 0;
 }
 
@@ -252,7 +264,7 @@ int specc_decoder_chain(const uint16_t* attention, const uint16_t* residual, int
     const Chain c{attention, residual, {o_weight, o_bits, hidden}, {gate_up_weight, gate_up_bits, 2 * intermediate},
                   {down_weight, down_bits, hidden}, {next_weight, next_bits, next_features}, post_norm, next_norm,
                   rows, hidden, eps, scalar != 0};
-    return specc_cpu::decoder_chain(c, nullptr, residual_out, next_out);
+    return specc_cpu::decoder_chain(c, nullptr, nullptr, residual_out, next_out);
 }
 
 }

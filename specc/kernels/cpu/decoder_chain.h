@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "row_attention.h"
+
 namespace specc_cpu {
 
 struct Projection {
@@ -39,7 +41,10 @@ struct CacheWrite {
 };
 
 // residual_out [rows, hidden] and, without `cache`, next_out [rows, next features]; with it, the
-// cache writes and `cache->query`. Returns 0, or 1 on shapes or positions it refuses.
-int decoder_chain(const Chain& chain, const CacheWrite* cache, uint16_t* residual_out, uint16_t* next_out);
+// cache writes and `cache->query`. With `attention`, the chain's attention rows are that call's
+// output, computed first in the same region (`chain.attention` is not read). Returns 0, or 1 on
+// shapes or positions it refuses.
+int decoder_chain(const Chain& chain, const CacheWrite* cache, const RowAttention* attention, uint16_t* residual_out,
+                  uint16_t* next_out);
 
 }  // namespace specc_cpu

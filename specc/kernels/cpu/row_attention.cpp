@@ -15,6 +15,7 @@
 #include "bf16.h"
 #include "call_trace.h"
 #include "exp.h"
+#include "row_attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -519,84 +520,123 @@ inline int64_t out_offset(const Shape& s, int b, int h, int r) {
     return ((static_cast<int64_t>(b) * s.rows + r) * s.heads + h) * s.dim;
 }
 
-// Few (batch, kv head, row) triples: the threads share their chunks, then the calling thread
-// combines them per head and row. Tasks run triple by triple, chunk by chunk, and each thread
-// takes one contiguous run of them: its reads of a kv head's keys and values are one stream
-// the memory can run ahead on, where tasks dealt round robin (chunk-major) had each thread hop
-// between kv heads. Which thread runs a chunk changes no bit (see ChunkSummary).
+// Buffers a call's threads share: the chunk summaries and weighted sums of attention_by_chunk,
+// sized before the parallel region in the calling thread's own.
+struct Team {
+    bool chunked;   // attention_by_chunk, else attention_by_row
+    ChunkSummary* summaries;
+    float* accs;
+};
+
+// The schedule for `threads` and, for attention_by_chunk, its shared buffers.
+Team team_buffers(const Shape& s, int threads) {
+    thread_local ChunkResults results;
+    if (static_cast<int64_t>(s.batch) * s.kv_heads * s.rows >= 4 * static_cast<int64_t>(threads)) {
+        return Team{false, nullptr, nullptr};
+    }
+    const int64_t heads_rows = static_cast<int64_t>(s.batch) * s.heads * s.rows;
+    return Team{true, fitted(results.summaries, heads_rows * s.chunks),
+                fitted(results.accs, heads_rows * s.chunks * s.dim)};
+}
+
+// Few (batch, kv head, row) triples: the threads share their chunks, then, after a barrier, each
+// combines its share of the (head, row)s. Tasks run triple by triple, chunk by chunk, and each
+// thread takes one contiguous run of them: its reads of a kv head's keys and values are one
+// stream the memory can run ahead on, where tasks dealt round robin (chunk-major) had each thread
+// hop between kv heads. Which thread runs a chunk or combines a row changes no bit (see
+// ChunkSummary). Called by every thread of a parallel region.
 template <typename T>
 void attention_by_chunk(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
-                        const Shape& s, T* out) {
+                        const Shape& s, T* out, const Team& team, int thread, int threads) {
     const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows, heads_rows = triples * s.group();
     const int64_t tasks = triples * s.chunks;
-    thread_local ChunkResults results;
-    ChunkSummary* summaries = fitted(results.summaries, heads_rows * s.chunks);
-    float* accs = fitted(results.accs, heads_rows * s.chunks * s.dim);
-#pragma omp parallel
-    {
-        Scratch& scratch = thread_scratch(s.dim, s.group());
-        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        for (int64_t task = tasks * thread / threads; task < tasks * (thread + 1) / threads; ++task) {
-            const int c = static_cast<int>(task % s.chunks);
-            const int64_t t = task / s.chunks;
-            const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
-                      b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
-            const int64_t at = row_index(s, b, g * s.group(), r) * s.chunks + c;
-            summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[at],
-                               static_cast<int64_t>(s.rows) * s.chunks, &accs[at * s.dim], true);
-        }
-    }
     Scratch& scratch = thread_scratch(s.dim, s.group());
-    for (int64_t i = 0; i < heads_rows; ++i) {
+    for (int64_t task = tasks * thread / threads; task < tasks * (thread + 1) / threads; ++task) {
+        const int c = static_cast<int>(task % s.chunks);
+        const int64_t t = task / s.chunks;
+        const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
+                  b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
+        const int64_t at = row_index(s, b, g * s.group(), r) * s.chunks + c;
+        summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &team.summaries[at],
+                           static_cast<int64_t>(s.rows) * s.chunks, &team.accs[at * s.dim], true);
+    }
+#pragma omp barrier
+    for (int64_t i = heads_rows * thread / threads; i < heads_rows * (thread + 1) / threads; ++i) {
         const int r = static_cast<int>(i % s.rows), h = static_cast<int>((i / s.rows) % s.heads),
                   b = static_cast<int>(i / (static_cast<int64_t>(s.rows) * s.heads));
-        combine<T>(&summaries[i * s.chunks], &accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
+        combine<T>(&team.summaries[i * s.chunks], &team.accs[i * s.chunks * s.dim], s.chunks, s.dim, scratch.sum,
                    out + out_offset(s, b, h, r));
     }
 }
 
 // Many (batch, kv head, row) triples: each thread takes whole triples, chunk by chunk, each chunk
-// for the kv head's query heads in turn while its keys and values are in the L1 cache.
+// for the kv head's query heads in turn while its keys and values are in the L1 cache. Called by
+// every thread of a parallel region.
 template <typename T>
 void attention_by_row(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
-                      const Shape& s, T* out) {
+                      const Shape& s, T* out, int thread, int threads) {
     const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows;
-#pragma omp parallel
-    {
-        Scratch& scratch = thread_scratch(s.dim, s.group());
-        thread_local ChunkResults results;
-        ChunkSummary* summaries = fitted(results.summaries, static_cast<int64_t>(s.group()) * s.chunks);
-        float* accs = fitted(results.accs, static_cast<int64_t>(s.group()) * s.chunks * s.dim);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < triples; ++t) {
-            const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
-                      b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
-            for (int c = 0; c < s.chunks; ++c) {
-                summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[c], s.chunks,
-                                   &accs[static_cast<int64_t>(c) * s.dim], false);
-            }
-            for (int i = 0; i < s.group(); ++i) {
-                combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
-                           s.chunks, s.dim, scratch.sum, out + out_offset(s, b, g * s.group() + i, r));
-            }
+    Scratch& scratch = thread_scratch(s.dim, s.group());
+    thread_local ChunkResults results;
+    ChunkSummary* summaries = fitted(results.summaries, static_cast<int64_t>(s.group()) * s.chunks);
+    float* accs = fitted(results.accs, static_cast<int64_t>(s.group()) * s.chunks * s.dim);
+    for (int64_t t = triples * thread / threads; t < triples * (thread + 1) / threads; ++t) {
+        const int r = static_cast<int>(t % s.rows), g = static_cast<int>((t / s.rows) % s.kv_heads),
+                  b = static_cast<int>(t / (static_cast<int64_t>(s.rows) * s.kv_heads));
+        for (int c = 0; c < s.chunks; ++c) {
+            summarise_group<T>(query, keys, values, mask, o, s, b, g, r, c, scratch, &summaries[c], s.chunks,
+                               &accs[static_cast<int64_t>(c) * s.dim], false);
         }
+        for (int i = 0; i < s.group(); ++i) {
+            combine<T>(&summaries[static_cast<int64_t>(i) * s.chunks], &accs[static_cast<int64_t>(i) * s.chunks * s.dim],
+                       s.chunks, s.dim, scratch.sum, out + out_offset(s, b, g * s.group() + i, r));
+        }
+    }
+}
+
+// The attention by every thread of a parallel region, `team` from team_buffers.
+template <typename T>
+void attention_in_team(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o,
+                       const Shape& s, T* out, const Team& team, int thread, int threads) {
+    if (team.chunked) {
+        attention_by_chunk<T>(query, keys, values, mask, o, s, out, team, thread, threads);
+    } else {
+        attention_by_row<T>(query, keys, values, mask, o, s, out, thread, threads);
     }
 }
 
 template <typename T>
 void attention(const T* query, const T* keys, const T* values, const bool* mask, const Operands& o, const Shape& s,
                T* out) {
-    const int64_t triples = static_cast<int64_t>(s.batch) * s.kv_heads * s.rows;
-    if (triples < 4 * static_cast<int64_t>(omp_get_max_threads())) {
-        attention_by_chunk<T>(query, keys, values, mask, o, s, out);
-    } else {
-        attention_by_row<T>(query, keys, values, mask, o, s, out);
-    }
+    const Team team = team_buffers(s, omp_get_max_threads());
+#pragma omp parallel
+    attention_in_team<T>(query, keys, values, mask, o, s, out, team, omp_get_thread_num(), omp_get_num_threads());
 }
 
 Strides strides_of(const int64_t* s) { return Strides{s[0], s[1], s[2], s[3]}; }
 
+Operands operands_of(const specc_cpu::RowAttention& a) {
+    return Operands{strides_of(a.query_strides), strides_of(a.key_strides), strides_of(a.value_strides),
+                    strides_of(a.mask_strides)};
+}
+
+Shape shape_of(const specc_cpu::RowAttention& a) {
+    return Shape{a.batch, a.heads, a.kv_heads, a.rows, a.kv, a.dim, (a.kv + kChunk - 1) / kChunk, a.scale};
+}
+
 }  // namespace
+
+specc_cpu::RowAttentionTeam specc_cpu::row_attention_team(const RowAttention& a, int threads) {
+    const Team team = team_buffers(shape_of(a), threads);
+    return RowAttentionTeam{team.chunked, team.summaries, team.accs};
+}
+
+void specc_cpu::row_attention_in_team(const RowAttention& a, const RowAttentionTeam& team, uint16_t* out, int thread,
+                                      int threads) {
+    const Team shared{team.chunked, static_cast<ChunkSummary*>(team.summaries), team.accs};
+    attention_in_team<uint16_t>(a.query, a.keys, a.values, a.mask, operands_of(a), shape_of(a), out, shared, thread,
+                                threads);
+}
 
 extern "C" {
 

@@ -64,6 +64,10 @@ at::Tensor blocked_matmul(const at::Tensor& rows_in, const at::Tensor& packed_in
     return out;
 }
 
+at::Tensor last_axis_contiguous(const at::Tensor& t) {
+    return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous();
+}
+
 // A packed weight's output features, checked against its inputs and bits.
 int64_t packed_features(const char* name, const at::Tensor& packed, int64_t inputs, int64_t bits) {
     TORCH_CHECK_VALUE((bits == 4 || bits == 6 || bits == 8) && packed.scalar_type() == at::kByte && packed.dim() == 2
@@ -120,7 +124,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_chain(
                                         next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
     at::Tensor residual_out = at::empty({c.rows, c.hidden}, attention.options());
     at::Tensor next_out = at::empty({c.rows, c.next.features}, attention.options());
-    const int status = specc_cpu::decoder_chain(c, nullptr, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
+    const int status = specc_cpu::decoder_chain(c, nullptr, nullptr,
+                                                reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
                                                 reinterpret_cast<uint16_t*>(next_out.data_ptr()));
     TORCH_CHECK_VALUE(status == 0, "decoder_chain refused its arguments (status ", status, ")");
     return {residual_out, next_out};
@@ -133,12 +138,14 @@ const uint16_t* bf16_rows(const char* name, const at::Tensor& t, int64_t rows, i
     return reinterpret_cast<const uint16_t*>(t.data_ptr());
 }
 
-std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
+// decoder_chain_into_cache, after `attention` when it is given (the chain's attention rows are then its output).
+std::tuple<at::Tensor, at::Tensor> chain_into_cache(
         const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
         const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
         const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
         int64_t down_bits, int64_t next_bits, double eps, const at::Tensor& cos, const at::Tensor& sin,
-        const at::Tensor& positions_in, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+        const at::Tensor& positions_in, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads,
+        const specc_cpu::RowAttention* attended) {
     std::array<at::Tensor, 2> held;
     const specc_cpu::Chain c = chain_of(attention, residual, o_weight, post_norm, gate_up_weight, down_weight,
                                         next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
@@ -152,23 +159,71 @@ std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
                 "decoder_chain_into_cache takes one int64 cache position a row, got ", positions.scalar_type(), " ",
                 positions.sizes());
     const int64_t dim = k_cache.size(3);
-    at::Tensor residual_out = at::empty({c.rows, c.hidden}, attention.options());
-    at::Tensor query = at::empty({c.rows, heads * dim}, attention.options());
+    at::Tensor residual_out = at::empty({c.rows, c.hidden}, residual.options());
+    at::Tensor query = at::empty({c.rows, heads * dim}, residual.options());
     const specc_cpu::CacheWrite w{
         bf16_rows("cos", cos, c.rows, dim), bf16_rows("sin", sin, c.rows, dim), positions.data_ptr<int64_t>(),
         reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
         {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
         static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
         reinterpret_cast<uint16_t*>(query.data_ptr())};
-    const int status = specc_cpu::decoder_chain(c, &w, reinterpret_cast<uint16_t*>(residual_out.data_ptr()), nullptr);
+    const int status = specc_cpu::decoder_chain(c, &w, attended, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
+                                                nullptr);
     TORCH_CHECK_VALUE(status == 0, "decoder_chain_into_cache refused its arguments (status ", status, "): q/k/v of ",
                       c.next.features, " features are no ", heads, " + 2 x ", k_cache.size(1), " heads of ", dim,
-                      ", or a position is outside the cache's ", k_cache.size(2));
+                      ", a position is outside the cache's ", k_cache.size(2), ", or the attention does not give ",
+                      c.rows, " rows of ", c.hidden);
     return {residual_out, query};
 }
 
-at::Tensor last_axis_contiguous(const at::Tensor& t) {
-    return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous();
+std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
+        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, double eps, const at::Tensor& cos, const at::Tensor& sin,
+        const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+    return chain_into_cache(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
+                            next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin, positions, k_cache,
+                            v_cache, heads, nullptr);
+}
+
+// decoder_chain_into_cache after the layer's row attention of `query` over `key` and `value`
+// under `mask` (row_attention's operands), in the same parallel region.
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+        const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in, const at::Tensor& mask,
+        double scale, const at::Tensor& residual, const at::Tensor& o_weight, const at::Tensor& post_norm,
+        const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& next_norm,
+        const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
+        at::Tensor& v_cache, int64_t heads) {
+    TORCH_CHECK_VALUE(query_in.dim() == 4 && key_in.dim() == 4 && value_in.dim() == 4 && mask.dim() == 4
+                    && query_in.scalar_type() == at::kBFloat16 && key_in.scalar_type() == at::kBFloat16
+                    && value_in.scalar_type() == at::kBFloat16 && mask.scalar_type() == at::kBool,
+                "decoder_layer takes 4-d bfloat16 query, key and value and a boolean mask");
+    const at::Tensor query = last_axis_contiguous(query_in), key = last_axis_contiguous(key_in),
+                     value = last_axis_contiguous(value_in);
+    const int64_t batch = query.size(0), rows = query.size(2), dim = query.size(3);
+    TORCH_CHECK_VALUE(batch == 1 && key.sizes() == value.sizes() && key.size(0) == 1 && key.size(3) == dim
+                    && query.size(1) % key.size(1) == 0 && residual.dim() == 2 && residual.size(0) == rows,
+                "decoder_layer: keys ", key.sizes(), " and values ", value.sizes(), " do not serve a query ",
+                query.sizes(), " of the residual's ", residual.sizes(), " rows");
+    const at::Tensor expanded = mask.expand({1, query.size(1), rows, key.size(2)});
+    specc_cpu::RowAttention a{reinterpret_cast<const uint16_t*>(query.data_ptr()), {},
+                              reinterpret_cast<const uint16_t*>(key.data_ptr()), {},
+                              reinterpret_cast<const uint16_t*>(value.data_ptr()), {},
+                              expanded.data_ptr<bool>(), {},
+                              1, static_cast<int>(query.size(1)), static_cast<int>(key.size(1)), static_cast<int>(rows),
+                              static_cast<int>(key.size(2)), static_cast<int>(dim), static_cast<float>(scale)};
+    for (int i = 0; i < 4; ++i) {
+        a.query_strides[i] = query.stride(i);
+        a.key_strides[i] = key.stride(i);
+        a.value_strides[i] = value.stride(i);
+        a.mask_strides[i] = expanded.stride(i);
+    }
+    // the chain's attention rows are the attention's output: `residual` stands in for their shape
+    return chain_into_cache(residual, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
+                            next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin, positions, k_cache,
+                            v_cache, heads, &a);
 }
 
 at::Tensor row_attention(const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in,
@@ -226,6 +281,7 @@ TORCH_LIBRARY_IMPL(specc, CPU, m) {
     m.impl("row_attention", &row_attention);
     m.impl("decoder_chain", &decoder_chain);
     m.impl("decoder_chain_into_cache", &decoder_chain_into_cache);
+    m.impl("decoder_layer", &decoder_layer);
 }
 
 namespace {
@@ -277,6 +333,25 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
             keys, values, heads);
         *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
         *ret1 = torch::aot_inductor::new_tensor_handle(std::move(query));
+    });
+}
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_layer(
+        AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask, double scale,
+        AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
+        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
+        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
+        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
+        auto [residual_out, next_query] = decoder_layer(
+            tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), scale, tensor_of(residual),
+            tensor_of(o_weight), tensor_of(post_norm), tensor_of(gate_up_weight), tensor_of(down_weight),
+            tensor_of(next_norm), tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps,
+            tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads);
+        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
+        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(next_query));
     });
 }
 
