@@ -1,19 +1,21 @@
 // A decoder layer's chain from its attention's output to the next layer's projection, in one
 // parallel region: the output projection, the residual add, the post-attention RMSNorm, the
 // gate and up projections, SiLU(gate) x up, the down projection, the residual add, the next
-// layer's RMSNorm and its (q/k/v) projection. A q4 decode step of a small model
-// spent more between these calls than in the elementwise work itself (a parallel region per
-// matmul, each handing its rows to a one-thread kernel and back); here every thread runs the
-// small steps itself, on all rows alike, and the threads meet at three barriers a layer.
+// layer's RMSNorm and its (q/k/v) projection. A q4 decode step of a small model spent more
+// between these calls than in the elementwise work itself (a parallel region per matmul, each
+// handing its rows to a one-thread kernel and back); here every thread runs the small steps
+// itself, on all rows alike, and the threads meet at three barriers a layer. Optionally the
+// region starts with the layer's row attention (row_attention.h) and ends with the next
+// attention's operands: q and k rotated, k and v written into the caches (CacheWrite).
 //
 // The arithmetic is the eager bfloat16 graph's, each step rounded to bfloat16 where PyTorch's
 // would be: a + b, then the norm x * rsqrt(mean(x^2) + eps) in fp32 rounded, times its weight
-// rounded; silu(gate) rounded, times up rounded. Sums of
-// squares run over 16 lanes in a fixed order, SiLU's exp is a fixed polynomial (exp.h), and the
-// matmuls are blocked_matmul.cpp's tiles: a row's bits depend on that row alone, never on the
-// call's other rows or its threads (so verifying several rows computes what one-row decode steps
-// do). The portable path (`scalar`) may differ from the vector path in SiLU's last bit: the compiler
-// contracts the scalar polynomial its own way.
+// rounded; silu(gate) rounded, times up rounded; x * cos and rotate_half(x) * sin rounded, their
+// sum rounded. Sums of squares run over 16 lanes in a fixed order, SiLU's exp is a fixed
+// polynomial (exp.h), and the matmuls are blocked_matmul.cpp's tiles: a row's bits depend on
+// that row alone, never on the call's other rows or its threads (so verifying several rows
+// computes what one-row decode steps do). The portable path (`scalar`) may differ from the
+// vector path in SiLU's last bit: the compiler contracts the scalar polynomial its own way.
 
 #include "bf16.h"
 #include "blocked_matmul.h"
