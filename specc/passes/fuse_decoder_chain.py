@@ -160,7 +160,7 @@ def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) 
 
 
 def _chain_operands(graph: fx.Graph, chain: Chain) -> list:
-    """The operands both operators take, read at the insertion point."""
+    """The operands the three operators share (the attention rows first), read at the insertion point."""
     residual_rows = graph.call_function(aten.reshape.default, (chain.residual, [-1, chain.hidden]))
     weights = [_available(graph, node) for node in
                (chain.o.args[1], chain.post_norm, chain.gate_up.args[1], chain.down.args[1], chain.next_norm,
