@@ -102,27 +102,33 @@ def decoder_chain(attention, residual, o_weight, post_norm, gate_up_weight, down
                                                  next_bits, eps)
 
 
-torch.library.define(
-    "specc::decoder_chain_into_cache",
+def _define_in_cpu_library(name: str, schema: str) -> None:
+    """`torch.ops.specc.<name>`, whose CPU implementation is C++ (`cpu/torch_ops.cpp`), registered
+    when specc's CPU library loads; until then a stand-in loads it and calls the operator again."""
+    torch.library.define(f"specc::{name}", schema)
+
+    @torch.library.impl(f"specc::{name}", "CompositeExplicitAutograd")
+    def _until_loaded(*args):
+        load_library(LIBRARY)
+        return getattr(torch.ops.specc, name).default(*args)
+
+
+def _residual_and_query_fake(residual: torch.Tensor, k_cache: torch.Tensor, heads: int):
+    """`(residual_out, query)` as the operators taken on to the cache writes return them."""
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape[0], heads * k_cache.shape[3])
+
+
+_define_in_cpu_library(
+    "decoder_chain_into_cache",
     "(Tensor attention, Tensor residual, Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, "
     "Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, int gate_up_bits, int down_bits, "
     "int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, Tensor(a!) k_cache, "
     "Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
 
 
-# The CPU implementation is C++ (`cpu/torch_ops.cpp`), registered when specc's CPU library loads,
-# which this stand-in does before calling the operator again.
-@torch.library.impl("specc::decoder_chain_into_cache", "CompositeExplicitAutograd")
-def _decoder_chain_into_cache_until_loaded(*args):
-    load_library(LIBRARY)
-    return torch.ops.specc.decoder_chain_into_cache.default(*args)
-
-
 @torch.library.register_fake("specc::decoder_chain_into_cache")
-def _decoder_chain_into_cache_fake(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
-                                   next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin,
-                                   cache_positions, k_cache, v_cache, heads):
-    return attention.new_empty(attention.shape), attention.new_empty(attention.shape[0], heads * k_cache.shape[3])
+def _decoder_chain_into_cache_fake(attention, residual, *rest):
+    return _residual_and_query_fake(residual, rest[-3], rest[-1])
 
 
 def decoder_chain_into_cache(*args):
@@ -130,24 +136,17 @@ def decoder_chain_into_cache(*args):
     return torch.ops.specc.decoder_chain_into_cache.default(*args)
 
 
-torch.library.define(
-    "specc::decoder_layer",
+_define_in_cpu_library(
+    "decoder_layer",
     "(Tensor query, Tensor key, Tensor value, Tensor mask, float scale, Tensor residual, Tensor o_weight, "
     "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, "
     "int gate_up_bits, int down_bits, int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, "
     "Tensor(a!) k_cache, Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
 
 
-@torch.library.impl("specc::decoder_layer", "CompositeExplicitAutograd")
-def _decoder_layer_until_loaded(*args):
-    load_library(LIBRARY)
-    return torch.ops.specc.decoder_layer.default(*args)
-
-
 @torch.library.register_fake("specc::decoder_layer")
 def _decoder_layer_fake(query, key, value, mask, scale, residual, *rest):
-    k_cache, heads = rest[-3], rest[-1]
-    return residual.new_empty(residual.shape), residual.new_empty(residual.shape[0], heads * k_cache.shape[3])
+    return _residual_and_query_fake(residual, rest[-3], rest[-1])
 
 
 def decoder_layer(*args):

@@ -290,6 +290,12 @@ const at::Tensor& tensor_of(AtenTensorHandle handle) {
     return *torch::aot_inductor::tensor_handle_to_tensor_pointer(handle);
 }
 
+// A decoder chain's two outputs handed to the package as new handles.
+void hand_over(std::tuple<at::Tensor, at::Tensor> outputs, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(std::get<0>(outputs)));
+    *ret1 = torch::aot_inductor::new_tensor_handle(std::move(std::get<1>(outputs)));
+}
+
 }  // namespace
 
 extern "C" {
@@ -309,12 +315,10 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain(
         AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
         double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-        auto [residual_out, next_out] = decoder_chain(
-            tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
-            tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
-            o_bits, gate_up_bits, down_bits, next_bits, eps);
-        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
-        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(next_out));
+        hand_over(decoder_chain(tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
+                                tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm),
+                                tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps),
+                  ret0, ret1);
     });
 }
 
@@ -326,13 +330,12 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
         AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
-        auto [residual_out, query] = decoder_chain_into_cache(
-            tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
-            tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
-            o_bits, gate_up_bits, down_bits, next_bits, eps, tensor_of(cos), tensor_of(sin), tensor_of(positions),
-            keys, values, heads);
-        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
-        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(query));
+        hand_over(decoder_chain_into_cache(
+                      tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
+                      tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
+                      o_bits, gate_up_bits, down_bits, next_bits, eps, tensor_of(cos), tensor_of(sin),
+                      tensor_of(positions), keys, values, heads),
+                  ret0, ret1);
     });
 }
 
@@ -345,13 +348,12 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_layer(
         AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
-        auto [residual_out, next_query] = decoder_layer(
-            tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), scale, tensor_of(residual),
-            tensor_of(o_weight), tensor_of(post_norm), tensor_of(gate_up_weight), tensor_of(down_weight),
-            tensor_of(next_norm), tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps,
-            tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads);
-        *ret0 = torch::aot_inductor::new_tensor_handle(std::move(residual_out));
-        *ret1 = torch::aot_inductor::new_tensor_handle(std::move(next_query));
+        hand_over(decoder_layer(
+                      tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), scale, tensor_of(residual),
+                      tensor_of(o_weight), tensor_of(post_norm), tensor_of(gate_up_weight), tensor_of(down_weight),
+                      tensor_of(next_norm), tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps,
+                      tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads),
+                  ret0, ret1);
     });
 }
 
