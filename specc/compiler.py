@@ -321,7 +321,8 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
         later = recipe.after_training(config, state) if state is not None and recipe.after_training else []
         scheme = quantize.for_graph(recipe) if quantize is not None else None
         passes = [*recipe.passes(config), *later, *([SelectLogitRows()] if select_logit_rows else []),
-                  *([_quantizer(scheme, captured, packed.setdefault(scheme, {})), *_row_alike_attention(scheme)]
+                  *([_quantizer(scheme, captured, packed.setdefault(scheme, {})),
+                     *_row_alike_attention(scheme, packed.setdefault((scheme, "layers"), {}))]
                     if scheme else []),
                   *([UseKernels()] if kernels else [])]
         gm, records = run_passes(name, graph_copy(captured.graph_module), passes)
@@ -331,11 +332,12 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
     return program
 
 
-def _row_alike_attention(scheme: Scheme) -> list:
+def _row_alike_attention(scheme: Scheme, layers: dict) -> list:
     """Under specc's blocked kernels attention runs row by row through specc's CPU library (which
     those kernels need anyway) and each decoder layer's chain after it as one call of that
-    library; PyTorch's attention, padded, takes what that leaves."""
-    blocked = [UseRowAttention(EXACT_ROWS), FuseDecoderChain()] if scheme.kernel == BLOCKED else []
+    library (its weights packed once, into `layers`, for the program's graphs); PyTorch's
+    attention, padded, takes what that leaves."""
+    blocked = [UseRowAttention(EXACT_ROWS), FuseDecoderChain(store=layers)] if scheme.kernel == BLOCKED else []
     return [*blocked, PadAttentionRows(EXACT_ROWS)]
 
 

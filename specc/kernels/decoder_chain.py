@@ -3,8 +3,11 @@ next layer's projection, on the CPU, in one parallel region (`cpu/decoder_chain.
 into specc's CPU library, which registers it as the operator's CPU implementation:
 `cpu/torch_ops.cpp`).
 
-For rows `attention` and `residual` `[n, hidden]` (bfloat16) and weights packed for
-`blocked_matmul` it returns `(residual_out, next)`:
+For rows `attention` and `residual` `[n, hidden]` (bfloat16) and the layer's weights packed for
+`blocked_matmul` and laid out by `pack_layer` (one buffer: for each thread of the region it was
+packed for, its share of o's tiles, then of gate's, up's, down's and next's, so that a thread reads
+one run of memory a layer; a region of other threads computes the same bits) it returns
+`(residual_out, next)`:
 
     h = residual + attention @ o            (rounded to bfloat16, as each step below)
     x = rms_norm(h, post_norm, eps)
@@ -32,13 +35,14 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from specc.kernels.blocked_matmul import TILE, check_inputs, reference as matmul_reference
+from specc.kernels.blocked_matmul import BLOCK, TILE, reference as matmul_reference, tile_bytes as blocked_tile_bytes
 from specc.kernels.cpu.build import NATIVE, load_library
 
 LIBRARY = NATIVE
-# (position of a packed weight among the operator's arguments, position of its bits), by operator
-PACKED_WEIGHTS = ((2, 8), (4, 9), (5, 10), (7, 11))
-LAYER_PACKED_WEIGHTS = ((6, 12), (8, 13), (9, 14), (11, 15))
+# where the operators' arguments say a layer's pack: its tensor (the post-attention norm follows),
+# the four projections' bits, the intermediate size and the next projection's features
+LAYER_PACK = {"weights": 2, "bits": (5, 6, 7, 8), "intermediate": 9, "next_features": 10}
+DECODER_LAYER_PACK = {"weights": 6, "bits": (9, 10, 11, 12), "intermediate": 13, "next_features": 14}
 
 
 def _pointer(tensor: torch.Tensor | None) -> ctypes.c_void_p:
@@ -49,26 +53,69 @@ def _features(packed: torch.Tensor) -> int:
     return packed.shape[0] * TILE
 
 
-def _run(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm, next_weight,
-         o_bits, gate_up_bits, down_bits, next_bits, eps, scalar: bool = False):
-    hidden, intermediate = attention.shape[1], _features(gate_up_weight) // 2
-    if residual.shape != attention.shape or residual.dtype != torch.bfloat16:
+def tile_share(tiles: int, threads: int, thread: int) -> tuple[int, int]:
+    """Thread `thread`'s range [first, last) of `tiles` among `threads` (OpenMP's static schedule):
+    the share each of specc's CPU kernels gives a thread."""
+    share, longer = divmod(tiles, threads)
+    first = thread * share + min(thread, longer)
+    return first, first + share + (1 if thread < longer else 0)
+
+
+def pack_layer(o_weight, gate_up_weight, down_weight, next_weight, threads: int) -> torch.Tensor:
+    """A layer's four packed projections as the chain operators take them: for each of `threads`
+    threads in turn, its share of o's tiles, then gate's, up's, down's and next's (gate_up: gate's
+    tiles, then up's), so that in a region of that many threads each reads one run of memory a layer."""
+    if threads < 1:
+        raise ValueError(f"a layer is packed for one thread or more, not {threads}")
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"gate_up_weight holds gate's tiles then up's, an even count, not {gate_up_weight.shape[0]}")
+    half = gate_up_weight.shape[0] // 2
+    phases = (o_weight, gate_up_weight[:half], gate_up_weight[half:], down_weight, next_weight)
+    parts = []
+    for thread in range(threads):
+        for weight in phases:
+            first, last = tile_share(weight.shape[0], threads, thread)
+            parts.append(weight[first:last].reshape(-1))
+    return torch.cat(parts)
+
+
+def layer_projections(hidden: int, intermediate: int, next_features: int,
+                      bits: tuple[int, int, int, int]) -> list[tuple[int, int, int]]:
+    """(bits, output features, inputs) of a layer pack's four projections: o, gate_up, down, next."""
+    o_bits, gate_up_bits, down_bits, next_bits = bits
+    return [(o_bits, hidden, hidden), (gate_up_bits, 2 * intermediate, hidden), (down_bits, hidden, intermediate),
+            (next_bits, next_features, hidden)]
+
+
+def layer_pack_bytes(hidden: int, intermediate: int, next_features: int, bits: tuple[int, int, int, int]) -> int:
+    """Bytes of a layer's pack: its four projections' tiles (0 when a shape or bits do not fit)."""
+    projections = layer_projections(hidden, intermediate, next_features, bits)
+    if any(b not in (4, 6, 8) or features <= 0 or features % TILE or inputs <= 0 or inputs % BLOCK
+           for b, features, inputs in projections):
+        return 0
+    return sum(features // TILE * blocked_tile_bytes(inputs, b) for b, features, inputs in projections)
+
+
+def _run(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits, next_bits,
+         intermediate, next_features, packed_threads, eps, scalar: bool = False):
+    hidden = attention.shape[1]
+    if residual.shape != attention.shape or residual.dtype != torch.bfloat16 or attention.dtype != torch.bfloat16:
         raise ValueError(f"decoder_chain takes bfloat16 attention and residual rows of one shape, got "
-                         f"{list(attention.shape)} and {residual.dtype} {list(residual.shape)}")
-    rows = attention.contiguous()
-    check_inputs(rows, o_weight, o_bits, hidden)
-    check_inputs(rows, gate_up_weight, gate_up_bits, 2 * intermediate)
-    check_inputs(rows.new_empty(rows.shape[0], intermediate), down_weight, down_bits, hidden)
-    check_inputs(rows, next_weight, next_bits, _features(next_weight))
+                         f"{attention.dtype} {list(attention.shape)} and {residual.dtype} {list(residual.shape)}")
     if any(v.dtype != torch.bfloat16 or v.shape != (hidden,) for v in (post_norm, next_norm)):
         raise ValueError(f"decoder_chain takes bfloat16 norm weights of {hidden}")
+    expected = layer_pack_bytes(hidden, intermediate, next_features, (o_bits, gate_up_bits, down_bits, next_bits))
+    if weights.dtype != torch.uint8 or weights.dim() != 1 or weights.numel() != expected or packed_threads < 1:
+        raise ValueError(f"decoder_chain takes the layer's packed projections, uint8 of {expected} bytes packed "
+                         f"for one thread or more, got {weights.dtype} {list(weights.shape)} for {packed_threads}")
+    rows = attention.contiguous()
     residual_out = torch.empty_like(rows)
-    next_out = rows.new_empty(rows.shape[0], _features(next_weight))
+    next_out = rows.new_empty(rows.shape[0], next_features)
     post_norm, next_norm = post_norm.contiguous(), next_norm.contiguous()
     status = load_library(LIBRARY).specc_decoder_chain(
-        _pointer(rows), _pointer(residual.contiguous()), rows.shape[0], hidden, _pointer(o_weight), o_bits,
-        _pointer(post_norm), _pointer(gate_up_weight), gate_up_bits, intermediate, _pointer(down_weight), down_bits,
-        _pointer(next_norm), _pointer(next_weight), next_bits, _features(next_weight), ctypes.c_float(eps), _pointer(residual_out), _pointer(next_out), int(scalar))
+        _pointer(rows), _pointer(residual.contiguous()), rows.shape[0], hidden, _pointer(weights.contiguous()),
+        packed_threads, o_bits, _pointer(post_norm), gate_up_bits, intermediate, down_bits, _pointer(next_norm),
+        next_bits, next_features, ctypes.c_float(eps), _pointer(residual_out), _pointer(next_out), int(scalar))
     if status != 0:
         raise ValueError(f"decoder_chain refused its arguments (status {status})")
     return residual_out, next_out
@@ -76,9 +123,9 @@ def _run(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, 
 
 torch.library.define(
     "specc::decoder_chain",
-    "(Tensor attention, Tensor residual, Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, "
-    "Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, int gate_up_bits, "
-    "int down_bits, int next_bits, float eps) -> (Tensor, Tensor)")
+    "(Tensor attention, Tensor residual, Tensor weights, Tensor post_norm, Tensor next_norm, int o_bits, "
+    "int gate_up_bits, int down_bits, int next_bits, int intermediate, int next_features, int packed_threads, "
+    "float eps) -> (Tensor, Tensor)")
 
 
 # The CPU implementation is C++ (`cpu/torch_ops.cpp`), registered when specc's CPU library loads;
@@ -89,17 +136,14 @@ def _decoder_chain_until_loaded(*args):
 
 
 @torch.library.register_fake("specc::decoder_chain")
-def _decoder_chain_fake(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
-                        next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps):
-    return attention.new_empty(attention.shape), attention.new_empty(attention.shape[0], _features(next_weight))
+def _decoder_chain_fake(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
+                        next_bits, intermediate, next_features, packed_threads, eps):
+    return attention.new_empty(attention.shape), attention.new_empty(attention.shape[0], next_features)
 
 
-def decoder_chain(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm, next_weight,
-                  o_bits, gate_up_bits, down_bits, next_bits, eps):
+def decoder_chain(*args):
     """`(residual_out, next)` of the module docstring's chain."""
-    return torch.ops.specc.decoder_chain.default(attention, residual, o_weight, post_norm, gate_up_weight,
-                                                 down_weight, next_norm, next_weight, o_bits, gate_up_bits, down_bits,
-                                                 next_bits, eps)
+    return torch.ops.specc.decoder_chain.default(*args)
 
 
 def _define_in_cpu_library(name: str, schema: str) -> None:
@@ -120,10 +164,10 @@ def _residual_and_query_fake(residual: torch.Tensor, k_cache: torch.Tensor, head
 
 _define_in_cpu_library(
     "decoder_chain_into_cache",
-    "(Tensor attention, Tensor residual, Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, "
-    "Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, int gate_up_bits, int down_bits, "
-    "int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, Tensor(a!) k_cache, "
-    "Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
+    "(Tensor attention, Tensor residual, Tensor weights, Tensor post_norm, Tensor next_norm, int o_bits, "
+    "int gate_up_bits, int down_bits, int next_bits, int intermediate, int next_features, int packed_threads, "
+    "float eps, Tensor cos, Tensor sin, Tensor cache_positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+    "int heads) -> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("specc::decoder_chain_into_cache")
@@ -138,10 +182,10 @@ def decoder_chain_into_cache(*args):
 
 _define_in_cpu_library(
     "decoder_layer",
-    "(Tensor query, Tensor key, Tensor value, Tensor mask, float scale, Tensor residual, Tensor o_weight, "
-    "Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, Tensor next_norm, Tensor next_weight, int o_bits, "
-    "int gate_up_bits, int down_bits, int next_bits, float eps, Tensor cos, Tensor sin, Tensor cache_positions, "
-    "Tensor(a!) k_cache, Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
+    "(Tensor query, Tensor key, Tensor value, Tensor mask, float scale, Tensor residual, Tensor weights, "
+    "Tensor post_norm, Tensor next_norm, int o_bits, int gate_up_bits, int down_bits, int next_bits, "
+    "int intermediate, int next_features, int packed_threads, float eps, Tensor cos, Tensor sin, "
+    "Tensor cache_positions, Tensor(a!) k_cache, Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("specc::decoder_layer")

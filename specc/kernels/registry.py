@@ -41,10 +41,16 @@ KERNELS = {kernel.name: kernel for kernel in (
                                "(2026-12-01)"),
     Kernel("decoder_chain", "a decoder layer from its attention's output to the next layer's projection (output "
                             "projection, residual adds, RMSNorms, SiLU-gated MLP) in one parallel region on the "
-                            "CPU, row-invariant"),
+                            "CPU, row-invariant",
+           revision=2, revised="takes its layer's four projections as one pack, each thread's shares together "
+                               "(2026-12-01)"),
     Kernel("decoder_chain_into_cache", "decoder_chain on to the next attention's operands: the rotary embedding "
-                                       "of q and k, k and v written into the caches, in the same region"),
-    Kernel("decoder_layer", "the layer's row attention, then decoder_chain_into_cache, in one parallel region"),
+                                       "of q and k, k and v written into the caches, in the same region",
+           revision=2, revised="takes its layer's four projections as one pack, each thread's shares together "
+                               "(2026-12-01)"),
+    Kernel("decoder_layer", "the layer's row attention, then decoder_chain_into_cache, in one parallel region",
+           revision=2, revised="takes its layer's four projections as one pack, each thread's shares together "
+                               "(2026-12-01)"),
 )}
 
 

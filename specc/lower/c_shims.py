@@ -20,6 +20,13 @@ import torch.fx as fx
 from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (define torch.ops.specc.*)
 from specc.kernels.registry import kernels_in_graph
 
+# The decoder chains' operands from their layer's pack to eps, and on to the cache writes.
+_LAYER = ("AtenTensorHandle weights, AtenTensorHandle post_norm, AtenTensorHandle next_norm, int64_t o_bits, "
+          "int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, "
+          "int64_t packed_threads, double eps")
+_CACHE_WRITE = ("AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
+                "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads")
+
 # Inductor writes `extern` declarations of these into the package and calls them by name:
 # aoti_torch_<device>_<operator>, tensors as handles, `float?` as a pointer (null for None).
 DECLARATIONS = {
@@ -28,26 +35,13 @@ DECLARATIONS = {
     "row_attention": "AOTITorchError aoti_torch_cpu_row_attention(AtenTensorHandle query, AtenTensorHandle key, "
                      "AtenTensorHandle value, AtenTensorHandle mask, double* scale, AtenTensorHandle* ret0)",
     "decoder_chain": "AOTITorchError aoti_torch_cpu_decoder_chain(AtenTensorHandle attention, AtenTensorHandle residual, "
-                     "AtenTensorHandle o_weight, AtenTensorHandle post_norm, AtenTensorHandle gate_up_weight, "
-                     "AtenTensorHandle down_weight, AtenTensorHandle next_norm, AtenTensorHandle next_weight, "
-                     "int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, "
-                     "int64_t next_bits, double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
+                     f"{_LAYER}, AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
     "decoder_chain_into_cache": "AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(AtenTensorHandle attention, "
-                                "AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm, "
-                                "AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, "
-                                "AtenTensorHandle next_norm, AtenTensorHandle next_weight, int64_t o_bits, "
-                                "int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps, "
-                                "AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
-                                "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, "
+                                f"AtenTensorHandle residual, {_LAYER}, {_CACHE_WRITE}, "
                                 "AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
     "decoder_layer": "AOTITorchError aoti_torch_cpu_decoder_layer(AtenTensorHandle query, AtenTensorHandle key, "
                      "AtenTensorHandle value, AtenTensorHandle mask, double scale, AtenTensorHandle residual, "
-                     "AtenTensorHandle o_weight, AtenTensorHandle post_norm, AtenTensorHandle gate_up_weight, "
-                     "AtenTensorHandle down_weight, AtenTensorHandle next_norm, AtenTensorHandle next_weight, "
-                     "int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps, "
-                     "AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
-                     "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, "
-                     "AtenTensorHandle* ret1)",
+                     f"{_LAYER}, {_CACHE_WRITE}, AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
 }
 
 

@@ -32,7 +32,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import graph_modules
+from specc.graph.nodes import attribute, graph_modules
 from specc.graph.tidy import tidy
 from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (register torch.ops.specc.*)
 from specc.passes.base import GraphPass, PassResult
@@ -47,24 +47,51 @@ LAST = 9223372036854775807   # a slice's open end as export records it
 
 
 class FuseDecoderChain(GraphPass):
+    """`packed_threads`: the threads each layer's weights are laid out for (`pack_layer`), by default
+    torch's now (`specc compile --threads`); an engine run with other threads computes the same
+    bits. `store` keeps the packs made, by their weights, so graphs of one program share them."""
+
     name = "fuse_decoder_chain"
 
+    def __init__(self, packed_threads: int | None = None, store: dict | None = None):
+        self.packed_threads = packed_threads or torch.get_num_threads()
+        self.store = {} if store is None else store
+
+    def describe(self) -> dict:
+        return {"packed_threads": self.packed_threads}
+
     def run(self, gm: fx.GraphModule) -> PassResult:
-        inserted, replaced = [], []
+        inserted, replaced, added = [], [], []
         for module in graph_modules(gm):
             # one at a time: a chain's residual is the previous chain's output
             fused = 0
             for node in list(module.graph.nodes):
-                if node.users and (chain := match_chain(node)) is not None:
+                if node.users and (chain := match_chain(node)) is not None and _reads_its_weights(chain):
                     replaced.append(chain.next_matmul.name)
                     writes = match_cache_write(chain.next_matmul)
+                    chain.pack, chain.packed_threads = self._pack(module, chain), self.packed_threads
+                    added.append(chain.pack)
                     inserted.append((_fuse_into_cache(module, chain, writes) if writes else _fuse(module, chain)).name)
                     fused += 1
             if fused:
                 tidy(module)
         if not replaced:
             return PassResult.unchanged(gm)
-        return PassResult(gm, True, inserted=inserted, replaced=replaced)
+        return PassResult(gm, True, inserted=inserted, replaced=replaced, added_parameters=added)
+
+    def _pack(self, module: fx.GraphModule, chain: Chain) -> str:
+        """The chain's four packed projections as one buffer of `module`, named by its first and last
+        (`…o_proj.weight_blocks_then_model_layers_1_…`: a graph that skips a layer chains another)."""
+        targets = [node.args[1].target for node in (chain.o, chain.gate_up, chain.down, chain.next_matmul)]
+        tensors = [attribute(module, target) for target in targets]
+        key = (*(t.data_ptr() for t in tensors), self.packed_threads)
+        if key not in self.store:
+            self.store[key] = decoder_chain.pack_layer(*tensors, self.packed_threads)
+        owner_path, _, leaf = targets[0].rpartition(".")
+        owner, buffer = module.get_submodule(owner_path), f"{leaf}_then_{targets[3].replace('.', '_')}"
+        if not hasattr(owner, buffer):
+            owner.register_buffer(buffer, self.store[key])
+        return f"{owner_path}.{buffer}" if owner_path else buffer
 
 
 class Chain:
@@ -112,6 +139,12 @@ def match_chain(next_matmul: fx.Node) -> Chain | None:
     return Chain(attention=o.args[0], residual=residual, o=o, post_norm=norm_post[1], gate_up=gate_up, down=down,
                  next_norm=next_norm, next_matmul=next_matmul, residual_out=residual_out, down_out=down_out,
                  hidden=hidden, eps=eps)
+
+
+def _reads_its_weights(chain: Chain) -> bool:
+    """Whether the chain's four projections read their weights from the graph's own attributes
+    (not from a segment's inputs), so that they can be packed into one."""
+    return all(node.args[1].op == "get_attr" for node in (chain.o, chain.gate_up, chain.down, chain.next_matmul))
 
 
 def _fuse(module: fx.GraphModule, chain: Chain) -> fx.Node:
@@ -162,11 +195,10 @@ def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) 
 def _chain_operands(graph: fx.Graph, chain: Chain) -> list:
     """The operands the three operators share (the attention rows first), read at the insertion point."""
     residual_rows = graph.call_function(aten.reshape.default, (chain.residual, [-1, chain.hidden]))
-    weights = [_available(graph, node) for node in
-               (chain.o.args[1], chain.post_norm, chain.gate_up.args[1], chain.down.args[1], chain.next_norm,
-                chain.next_matmul.args[1])]
+    norms = [_available(graph, node) for node in (chain.post_norm, chain.next_norm)]
     bits = [chain.o.args[2], chain.gate_up.args[2], chain.down.args[2], chain.next_matmul.args[2]]
-    return [chain.attention, residual_rows, *weights, *bits, chain.eps]
+    sizes = [chain.gate_up.args[3] // 2, chain.next_matmul.args[3], chain.packed_threads]
+    return [chain.attention, residual_rows, graph.get_attr(chain.pack), *norms, *bits, *sizes, chain.eps]
 
 
 def _residual_out(graph: fx.Graph, chain: Chain, rows: fx.Node) -> fx.Node:

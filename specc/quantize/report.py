@@ -15,21 +15,20 @@ from specc.quantize.quality import quantization_quality
 from specc.quantize.schemes import Scheme
 
 PACKED_SUFFIXES = ("_qweight", "_scales", "_scales_and_zeros")   # `quantize_linear_weights`' buffer names
-BLOCKED_SUFFIX = "_blocks"   # q4/q6/q8: scales, mins and values in one tensor
 UNQUANTIZED_BYTES = 2        # per weight: quantized engines are bfloat16
 TARGET_REPORT = "quantization"        # the manifest's key for the verifying graphs' scheme
 DRAFT_REPORT = "draft_quantization"   # ... and for the draft graphs', where they have their own
 
 
-def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
-    """Every packed weight the graph (segments included) reads: data_ptr -> (kind, its bytes
-    with its scales, the bytes it had unquantized in the scales' dtype)."""
+def quantized_weights(gm: fx.GraphModule) -> dict[tuple[int, int], tuple[str, int, int]]:
+    """Every packed weight the graph (segments included) reads, by (the tensor's data_ptr, the
+    weight's place in it: a decoder chain's layer pack holds four): (kind, its bytes with its
+    scales, the bytes it had unquantized in the scales' dtype)."""
     tensors = graph_attributes(gm)
     found = {}
-    bits = blocked_bits(gm)
-    for name, packed in tensors.items():
-        if name.endswith(BLOCKED_SUFFIX):
-            found[packed.data_ptr()] = _blocked_weight(packed, bits[packed.data_ptr()])
+    for (pointer, part), (bits, features, inputs) in blocked_weights(gm).items():
+        packed_bytes = features // blocked.TILE * blocked.tile_bytes(inputs, bits)
+        found[(pointer, part)] = f"q{bits}", packed_bytes, features * inputs * UNQUANTIZED_BYTES
     for name, qweight in tensors.items():
         if not name.endswith("_qweight"):
             continue
@@ -39,7 +38,7 @@ def quantized_weights(gm: fx.GraphModule) -> dict[int, tuple[str, int, int]]:
         inputs = columns if qweight.dtype == torch.int8 else 2 * columns
         kind = "int8" if qweight.dtype == torch.int8 else f"int4-g{inputs // scales.shape[0]}"
         features = rows * inputs
-        found[qweight.data_ptr()] = (kind, _bytes(qweight) + _bytes(scales), features * scales.element_size())
+        found[(qweight.data_ptr(), 0)] = (kind, _bytes(qweight) + _bytes(scales), features * scales.element_size())
     return found
 
 
@@ -58,38 +57,38 @@ def quantization_report(program, scheme: Scheme, graphs: list[str], model: torch
     }
 
 
-def blocked_bits(gm: fx.GraphModule, inputs: list | None = None) -> dict[int, int]:
-    """The bits of every weight a `specc.blocked_matmul` or decoder chain call of `gm`
-    (segments included) reads, by the weight's data_ptr: the call says them (a tile's bytes alone
-    can fit both 4 and 8)."""
+def blocked_weights(gm: fx.GraphModule, inputs: list | None = None) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """Every weight a `specc.blocked_matmul` or decoder chain call of `gm` (segments included)
+    reads, by (its tensor's data_ptr, its place in it): (bits, output features, inputs). The call
+    says the bits (a tile's bytes alone can fit both 4 and 8)."""
     values = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs or []))
     found = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             values[node] = attribute(gm, node.target)
         elif node.op == "call_module":
-            found.update(blocked_bits(gm.get_submodule(node.target), [values.get(arg) for arg in node.args]))
-        else:
-            for weight, bits in _packed_weights(node):
-                if isinstance(values.get(node.args[weight]), torch.Tensor):
-                    found[values[node.args[weight]].data_ptr()] = node.args[bits]
+            found.update(blocked_weights(gm.get_submodule(node.target), [values.get(arg) for arg in node.args]))
+        elif node.target is torch.ops.specc.blocked_matmul.default:
+            packed, bits = values.get(node.args[1]), node.args[2]
+            if isinstance(packed, torch.Tensor):
+                found[(packed.data_ptr(), 0)] = bits, node.args[3], blocked.inputs_of(packed, bits)
+        elif (pack := _layer_pack(node)) is not None:
+            weights, post_norm = (values.get(node.args[pack["weights"] + i]) for i in (0, 1))
+            if isinstance(weights, torch.Tensor) and isinstance(post_norm, torch.Tensor):
+                projections = decoder_chain.layer_projections(
+                    post_norm.shape[0], node.args[pack["intermediate"]], node.args[pack["next_features"]],
+                    tuple(node.args[i] for i in pack["bits"]))
+                found.update({(weights.data_ptr(), part): p for part, p in enumerate(projections)})
     return found
 
 
-def _packed_weights(node: fx.Node) -> tuple[tuple[int, int], ...]:
-    """(argument position of each blocked weight `node` reads, position of its bits)."""
-    if node.target is torch.ops.specc.blocked_matmul.default:
-        return ((1, 2),)
+def _layer_pack(node: fx.Node) -> dict | None:
+    """Where a decoder chain call's layer pack and its sizes are among its arguments, else None."""
     if node.target in (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default):
-        return decoder_chain.PACKED_WEIGHTS
+        return decoder_chain.LAYER_PACK
     if node.target is torch.ops.specc.decoder_layer.default:
-        return decoder_chain.LAYER_PACKED_WEIGHTS
-    return ()
-
-
-def _blocked_weight(packed: torch.Tensor, bits: int) -> tuple[str, int, int]:
-    inputs = blocked.inputs_of(packed, bits)
-    return f"q{bits}", _bytes(packed), packed.shape[0] * blocked.TILE * inputs * UNQUANTIZED_BYTES
+        return decoder_chain.DECODER_LAYER_PACK
+    return None
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -1,7 +1,8 @@
 """specc.decoder_chain and specc.decoder_chain_into_cache, a decoder layer from its attention's output
 to the next attention's operands in one call: they compute the chain's eager steps (to bfloat16
-roundings), each row the same bits whatever the call's other rows or threads, and the cache write
-is the eager rotary embedding of the chain's own projection, bit for bit."""
+roundings), each row the same bits whatever the call's other rows or threads and whatever threads
+its layer's weights were packed for, and the cache write is the eager rotary embedding of the
+chain's own projection, bit for bit."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 from specc.host.threads import torch_threads
 from specc.kernels.blocked_matmul import pack_blocked
 from specc.kernels.cpu.build import NATIVE, load_library
-from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, decoder_layer, reference, rotate,
-                                         scalar_decoder_chain)
+from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, decoder_layer, layer_pack_bytes,
+                                         pack_layer, reference, rotate, scalar_decoder_chain)
 from specc.kernels.row_attention import row_attention
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, DIM, SLOTS = 128, 320, 4, 2, 32, 24
@@ -24,7 +25,8 @@ def library():
     load_library(NATIVE)
 
 
-def _weights(seed: int = 0) -> tuple:
+def _separate(seed: int = 0) -> tuple:
+    """The reference's operands: o, post_norm, gate_up, down, next_norm, next, their bits, eps."""
     g = torch.Generator().manual_seed(seed)
 
     def packed(out, inputs, bits):
@@ -37,17 +39,22 @@ def _weights(seed: int = 0) -> tuple:
             norm(), packed(NEXT, HIDDEN, 8), 4, 4, 6, 8, 1e-5)
 
 
+def _weights(seed: int = 0, threads: int = 2) -> tuple:
+    """The operators' operands after the rows: the layer's pack, the norms, bits, sizes, threads, eps."""
+    o, post_norm, gate_up, down, next_norm, next_weight, *bits, eps = _separate(seed)
+    return (pack_layer(o, gate_up, down, next_weight, threads), post_norm, next_norm, *bits, INTERMEDIATE, NEXT,
+            threads, eps)
+
+
 def _rows(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(rows, HIDDEN, generator=g).bfloat16() for _ in range(2))
 
 
 def test_it_computes_the_chain():
-    weights = _weights()
     attention, residual = _rows(3)
-    args = (attention, residual, *weights)
-    got = decoder_chain(*args)
-    want = reference(*args)
+    got = decoder_chain(attention, residual, *_weights())
+    want = reference(attention, residual, *_separate())
     for g, w in zip(got, want):
         assert g.dtype == torch.bfloat16 and g.shape == w.shape
         torch.testing.assert_close(g.float(), w.float(), rtol=0.05, atol=0.05 * w.float().abs().amax().item())
@@ -70,6 +77,26 @@ def test_the_portable_path_agrees():
     for fast, portable in zip(decoder_chain(attention, residual, *weights),
                               scalar_decoder_chain(attention, residual, *weights)):
         torch.testing.assert_close(fast.float(), portable.float(), rtol=0.02, atol=0.02)
+
+
+def test_the_threads_a_layer_was_packed_for_change_no_bit():
+    attention, residual = _rows(3)
+    packed_for_two = decoder_chain(attention, residual, *_weights(threads=2))
+    for packed_threads in (1, 3, 5):
+        for threads in (1, 2):
+            with torch_threads(threads):
+                got = decoder_chain(attention, residual, *_weights(threads=packed_threads))
+            assert all(torch.equal(a, b) for a, b in zip(got, packed_for_two))
+
+
+def test_a_pack_holds_each_threads_shares_together():
+    o, _, gate_up, down, _, next_weight, *_ = _separate()
+    pack = pack_layer(o, gate_up, down, next_weight, 2)
+    half = gate_up.shape[0] // 2
+    first_thread = [o[:4], gate_up[:10], gate_up[half:half + 10], down[:4], next_weight[:8]]
+    assert torch.equal(pack[:sum(p.numel() for p in first_thread)], torch.cat([p.reshape(-1) for p in first_thread]))
+    assert pack.numel() == layer_pack_bytes(HIDDEN, INTERMEDIATE, NEXT, (4, 4, 6, 8)) \
+        == sum(w.numel() for w in (o, gate_up, down, next_weight))
 
 
 def _rotary(rows: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,5 +174,7 @@ def test_it_refuses_a_position_outside_the_cache_and_heads_that_do_not_fit():
         decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([SLOTS]), *_caches(), HEADS)
     with pytest.raises(ValueError, match="no 3 \\+ 2 x 2 heads"):
         decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([0]), *_caches(), 3)
-    with pytest.raises(ValueError, match="o_weight"):
-        decoder_chain(attention, residual, weights[2], *weights[1:])
+    with pytest.raises(ValueError, match="the layer's packed projections"):
+        decoder_chain(attention, residual, weights[0][:-1], *weights[1:])
+    with pytest.raises(ValueError, match="no layer of hidden 128"):
+        decoder_chain(attention, residual, weights[0], *weights[1:3], 5, *weights[4:])

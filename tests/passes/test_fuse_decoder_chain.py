@@ -1,7 +1,8 @@
 """fuse_decoder_chain: on a graph of specc's blocked kernels, each decoder layer's chain from its
 attention's output to the next layer's projection becomes one `specc.decoder_chain` call that
-computes what the chain computed (to bfloat16 roundings), rows alike at any row count; the last
-layer and graphs of other forms keep their calls."""
+computes what the chain computed (to bfloat16 roundings), rows alike at any row count, from one
+buffer of the layer's weights that the graphs of a program share; the last layer and graphs of
+other forms keep their calls."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import pytest
 import torch
 
 from specc.contract.infrastructure import infrastructure_passes
+from specc.contract.program import graph_copy
+from specc.graph.nodes import attribute
+from specc.kernels.decoder_chain import pack_layer
 from specc.passes.fuse_decoder_chain import (DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, DECODER_LAYER, MATMUL,
                                              ROW_ATTENTION, FuseDecoderChain)
 from specc.passes.manager import run_passes
@@ -82,6 +86,23 @@ def test_a_call_of_several_rows_computes_the_bits_of_one_row_steps(graphs):
     together = run_cached_steps(fused, ids, [(0, 8), (8, 12)], arch, caches=caches[1])
     assert torch.equal(stepwise[:, 8:], together[:, 8:])
     assert all(torch.equal(a, b) for a, b in zip(*caches))
+
+
+def _packs(gm) -> list[torch.Tensor]:
+    return [attribute(gm, node.args[2 if node.target != DECODER_LAYER else 6].target)
+            for node in gm.graph.nodes if node.target in CHAINS]
+
+
+def test_a_layer_s_weights_are_one_pack_shared_by_the_graphs_of_a_program(graphs):
+    quantized, fused, _, _ = graphs
+    matmuls = [node for node in quantized.graph.nodes if node.target == MATMUL]
+    o, gate_up, down, next_weight = (attribute(quantized, m.args[1].target) for m in matmuls[1:5])
+    assert torch.equal(_packs(fused)[0], pack_layer(o, gate_up, down, next_weight, torch.get_num_threads()))
+    store = {}
+    first, second = (FuseDecoderChain(packed_threads=3, store=store)(graph_copy(quantized)).graph_module
+                     for _ in range(2))
+    assert [p.data_ptr() for p in _packs(first)] == [p.data_ptr() for p in _packs(second)]
+    assert torch.equal(_packs(first)[0], pack_layer(o, gate_up, down, next_weight, 3))
 
 
 def test_a_graph_without_blocked_matmuls_is_left_alone():

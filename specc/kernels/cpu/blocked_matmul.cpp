@@ -298,12 +298,12 @@ inline void request_ahead(const uint8_t* start, size_t bytes) {
 }
 
 template <int Bits>
-void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int first, int last, uint16_t* y,
+void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int count, uint16_t* y,
            int64_t y_stride, bool scalar) {
     const int blocks = k / kBlock;
     const size_t stride = tile_bytes<Bits>(blocks);
-    request_ahead(weight + first * stride, std::min<size_t>((last - first) * stride, kPrefetchBytes));
-    for (int t = first; t < last; ++t) {
+    request_ahead(weight, std::min<size_t>(count * stride, kPrefetchBytes));
+    for (int t = 0; t < count; ++t) {
         const uint8_t* tile = weight + t * stride;
         for (int r0 = 0; r0 < rows; r0 += kRowTile) {
             const int count = std::min(kRowTile, rows - r0);
@@ -329,15 +329,23 @@ void specc_cpu::tile_share(int tiles, int threads, int thread, int* first, int* 
     *last = *first + share + (thread < longer ? 1 : 0);
 }
 
-void specc_cpu::blocked_tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int bits, int first,
-                              int last, uint16_t* y, int64_t y_stride, bool scalar) {
+void specc_cpu::blocked_tiles(const QuantizedRows& a, int rows, int k, const uint8_t* tiles_from, int bits, int count,
+                              uint16_t* y, int64_t y_stride, bool scalar) {
     if (bits == 4) {
-        tiles<4>(a, rows, k, weight, first, last, y, y_stride, scalar);
+        tiles<4>(a, rows, k, tiles_from, count, y, y_stride, scalar);
     } else if (bits == 6) {
-        tiles<6>(a, rows, k, weight, first, last, y, y_stride, scalar);
+        tiles<6>(a, rows, k, tiles_from, count, y, y_stride, scalar);
     } else {
-        tiles<8>(a, rows, k, weight, first, last, y, y_stride, scalar);
+        tiles<8>(a, rows, k, tiles_from, count, y, y_stride, scalar);
     }
+}
+
+int64_t specc_cpu::tile_bytes(int k, int bits) {
+    if (k <= 0 || k % kBlock != 0) return 0;
+    if (bits == 4) return static_cast<int64_t>(::tile_bytes<4>(k / kBlock));
+    if (bits == 6) return static_cast<int64_t>(::tile_bytes<6>(k / kBlock));
+    if (bits == 8) return static_cast<int64_t>(::tile_bytes<8>(k / kBlock));
+    return 0;
 }
 
 namespace {
@@ -349,7 +357,8 @@ void matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, in
     {
         int first, last;
         specc_cpu::tile_share(n / kTile, omp_get_num_threads(), omp_get_thread_num(), &first, &last);
-        specc_cpu::blocked_tiles(a, rows, k, weight, bits, first, last, y, n, scalar);
+        specc_cpu::blocked_tiles(a, rows, k, weight + first * specc_cpu::tile_bytes(k, bits), bits, last - first,
+                                 y + first * kTile, n, scalar);
     }
 }
 
@@ -361,13 +370,7 @@ extern "C" {
 int specc_blocked_matmul_vectorized() { return kVector ? 1 : 0; }
 
 // Bytes of one tile of 16 output features over k inputs at `bits` (0 when k or bits do not fit).
-long long specc_blocked_tile_bytes(int k, int bits) {
-    if (k <= 0 || k % kBlock != 0) return 0;
-    if (bits == 4) return static_cast<long long>(tile_bytes<4>(k / kBlock));
-    if (bits == 6) return static_cast<long long>(tile_bytes<6>(k / kBlock));
-    if (bits == 8) return static_cast<long long>(tile_bytes<8>(k / kBlock));
-    return 0;
-}
+long long specc_blocked_tile_bytes(int k, int bits) { return specc_cpu::tile_bytes(k, bits); }
 
 // y[rows, n] (bf16) = x[rows, k] (bf16) times the transpose of a [n, k] weight packed in
 // `bits` (4, 6 or 8) as above; n a multiple of 16, k of 32. `scalar` forces the portable path.

@@ -4,7 +4,10 @@
 // layer's RMSNorm and its (q/k/v) projection. A q4 decode step of a small model spent more
 // between these calls than in the elementwise work itself (a parallel region per matmul, each
 // handing its rows to a one-thread kernel and back); here every thread runs the small steps
-// itself, on all rows alike, and the threads meet at three barriers a layer. Optionally the
+// itself, on all rows alike, and the threads meet at three barriers a layer. The layer's
+// weights are one buffer laid out for a number of threads (decoder_chain.h): each thread's
+// shares of the four projections follow one another, so the memory streams on into the next
+// phase's weights while the threads meet. Optionally the
 // region starts with the layer's row attention (row_attention.h) and ends with the next
 // attention's operands: q and k rotated, k and v written into the caches (CacheWrite).
 //
@@ -113,9 +116,57 @@ void gated(const uint16_t* gate_up, int rows, int intermediate, int first, int l
     }
 }
 
-void project(const QuantizedRows& a, int rows, int k, const Projection& p, int first, int last, uint16_t* y,
-             int64_t stride, bool scalar) {
-    specc_cpu::blocked_tiles(a, rows, k, p.weight, p.bits, first, last, y, stride, scalar);
+// The projections in the order a thread reads its shares of them, gate and up apart.
+enum Phase { kO, kGate, kUp, kDown, kNext, kPhases };
+
+struct PhaseShape {
+    int inputs, bits, tiles;
+    int64_t tile_bytes;
+};
+
+// Where each packing thread's share of each phase lies in the chain's weights (decoder_chain.h).
+struct Layout {
+    PhaseShape phases[kPhases];
+    std::vector<int64_t> offsets;   // [packed_threads][kPhases]
+    int64_t bytes = 0;
+};
+
+Layout layout_of(const Chain& c) {
+    const int intermediate = c.gate_up.features / 2;
+    Layout l;
+    const int shapes[kPhases][3] = {{c.hidden, c.o.bits, c.o.features}, {c.hidden, c.gate_up.bits, intermediate},
+                                    {c.hidden, c.gate_up.bits, intermediate}, {intermediate, c.down.bits, c.down.features},
+                                    {c.hidden, c.next.bits, c.next.features}};
+    for (int p = 0; p < kPhases; ++p) {
+        l.phases[p] = {shapes[p][0], shapes[p][1], shapes[p][2] / kTile, specc_cpu::tile_bytes(shapes[p][0], shapes[p][1])};
+    }
+    l.offsets.resize(static_cast<size_t>(std::max(c.packed_threads, 0)) * kPhases);
+    for (int t = 0; t < c.packed_threads; ++t) {
+        for (int p = 0; p < kPhases; ++p) {
+            int first, last;
+            specc_cpu::tile_share(l.phases[p].tiles, c.packed_threads, t, &first, &last);
+            l.offsets[static_cast<size_t>(t) * kPhases + p] = l.bytes;
+            l.bytes += (last - first) * l.phases[p].tile_bytes;
+        }
+    }
+    return l;
+}
+
+// Tiles [first, last) of phase p into y (the phase's first output column), found in the packing
+// threads' shares they fall in.
+void project(const Chain& c, const Layout& l, int p, const QuantizedRows& a, int rows, int first, int last, uint16_t* y,
+             int64_t stride) {
+    const PhaseShape& phase = l.phases[p];
+    for (int t = 0; t < c.packed_threads; ++t) {
+        int packed_first, packed_last;
+        specc_cpu::tile_share(phase.tiles, c.packed_threads, t, &packed_first, &packed_last);
+        const int from = std::max(first, packed_first), to = std::min(last, packed_last);
+        if (from >= to) continue;
+        const uint8_t* tiles = c.weights + l.offsets[static_cast<size_t>(t) * kPhases + p]
+                               + (from - packed_first) * phase.tile_bytes;
+        specc_cpu::blocked_tiles(a, rows, phase.inputs, tiles, phase.bits, to - from, y + from * kTile, stride,
+                                 c.scalar);
+    }
 }
 
 // x rotated: rounded(rounded(x * cos) + rounded(rotate_half(x) * sin)), rotate_half(x) = (-x2, x1).
@@ -176,6 +227,7 @@ void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention*
     const uint16_t* attended = attention ? shared.attention.data() : c.attention;
     const specc_cpu::RowAttentionTeam team =
         attention ? specc_cpu::row_attention_team(*attention, omp_get_max_threads()) : specc_cpu::RowAttentionTeam{};
+    const Layout layout = layout_of(c);
 #pragma omp parallel
     {
         thread_local Private mine;
@@ -190,27 +242,26 @@ void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention*
         }
         specc_cpu::quantize_rows(attended, rows, hidden, mine.a, c.scalar);
         specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
-        project(mine.a, rows, hidden, c.o, first, last, s.o.data(), hidden, c.scalar);
+        project(c, layout, kO, mine.a, rows, first, last, s.o.data(), hidden);
 #pragma omp barrier
         add_norm(c.residual, s.o.data(), c.post_norm, rows, hidden, c.eps, mine.sum.data(), mine.normed.data(),
                  mine.scratch);
         specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
         // Each thread takes the same features of gate and of up, so it can multiply them itself.
         specc_cpu::tile_share(intermediate / kTile, threads, thread, &first, &last);
-        project(mine.a, rows, hidden, c.gate_up, first, last, s.gate_up.data(), 2 * intermediate, c.scalar);
-        project(mine.a, rows, hidden, c.gate_up, intermediate / kTile + first, intermediate / kTile + last,
-                s.gate_up.data(), 2 * intermediate, c.scalar);
+        project(c, layout, kGate, mine.a, rows, first, last, s.gate_up.data(), 2 * intermediate);
+        project(c, layout, kUp, mine.a, rows, first, last, s.gate_up.data() + intermediate, 2 * intermediate);
         gated(s.gate_up.data(), rows, intermediate, first * kTile, last * kTile, s.act.data(), c.scalar);
 #pragma omp barrier
         specc_cpu::quantize_rows(s.act.data(), rows, intermediate, mine.a, c.scalar);
         specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
-        project(mine.a, rows, intermediate, c.down, first, last, s.down.data(), hidden, c.scalar);
+        project(c, layout, kDown, mine.a, rows, first, last, s.down.data(), hidden);
 #pragma omp barrier
         add_norm(mine.sum.data(), s.down.data(), c.next_norm, rows, hidden, c.eps, thread == 0 ? residual_out : nullptr,
                  mine.normed.data(), mine.scratch);
         specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
         specc_cpu::tile_share(c.next.features / kTile, threads, thread, &first, &last);
-        project(mine.a, rows, hidden, c.next, first, last, projected, c.next.features, c.scalar);
+        project(c, layout, kNext, mine.a, rows, first, last, projected, c.next.features);
         if (cache) {
 #pragma omp barrier
             specc_cpu::tile_share(cache->heads + 2 * cache->kv_heads, threads, thread, &first, &last);
@@ -235,14 +286,18 @@ bool fits(const Projection& p, int inputs) {
            && inputs > 0 && inputs % 32 == 0;
 }
 
+bool fits(const Chain& c) {
+    const int intermediate = c.gate_up.features / 2;
+    return c.rows >= 0 && c.packed_threads > 0 && fits(c.o, c.hidden) && c.o.features == c.hidden
+           && fits(c.gate_up, c.hidden) && intermediate % kTile == 0 && fits(c.down, intermediate)
+           && c.down.features == c.hidden && fits(c.next, c.hidden);
+}
+
 }  // namespace
 
 int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, const RowAttention* attention,
                              uint16_t* residual_out, uint16_t* next_out) {
-    const int intermediate = c.gate_up.features / 2;
-    if (c.rows < 0 || !fits(c.o, c.hidden) || c.o.features != c.hidden || !fits(c.gate_up, c.hidden)
-        || intermediate % kTile != 0 || !fits(c.down, intermediate) || c.down.features != c.hidden
-        || !fits(c.next, c.hidden) || (cache && !writable(*cache, c.rows, c.next.features))
+    if (!fits(c) || (cache && !writable(*cache, c.rows, c.next.features))
         || (attention && (attention->batch != 1 || attention->rows != c.rows
                           || attention->heads * attention->dim != c.hidden))) {
         return 1;
@@ -252,20 +307,24 @@ int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, const RowA
     return 0;
 }
 
+int64_t specc_cpu::layer_pack_bytes(const Chain& c) {
+    Chain one = c;
+    one.packed_threads = 1;
+    return fits(one) ? layout_of(one).bytes : 0;
+}
+
 extern "C" {
 
 // decoder_chain without a cache write, for ctypes: residual_out [rows, hidden] and next_out
-// [rows, next_features] (bfloat16) for `attention` and `residual` [rows, hidden] and weights
-// packed as blocked_matmul's (gate_up: gate's features, then up's). Returns 0, or 1 on shapes it
+// [rows, next_features] (bfloat16) for `attention` and `residual` [rows, hidden] and the layer's
+// `weights` packed for `packed_threads` threads (decoder_chain.h). Returns 0, or 1 on shapes it
 // refuses.
 int specc_decoder_chain(const uint16_t* attention, const uint16_t* residual, int rows, int hidden,
-                        const uint8_t* o_weight, int o_bits, const uint16_t* post_norm, const uint8_t* gate_up_weight,
-                        int gate_up_bits, int intermediate, const uint8_t* down_weight, int down_bits,
-                        const uint16_t* next_norm, const uint8_t* next_weight, int next_bits, int next_features,
-                        float eps, uint16_t* residual_out, uint16_t* next_out, int scalar) {
-    const Chain c{attention, residual, {o_weight, o_bits, hidden}, {gate_up_weight, gate_up_bits, 2 * intermediate},
-                  {down_weight, down_bits, hidden}, {next_weight, next_bits, next_features}, post_norm, next_norm,
-                  rows, hidden, eps, scalar != 0};
+                        const uint8_t* weights, int packed_threads, int o_bits, const uint16_t* post_norm,
+                        int gate_up_bits, int intermediate, int down_bits, const uint16_t* next_norm, int next_bits,
+                        int next_features, float eps, uint16_t* residual_out, uint16_t* next_out, int scalar) {
+    const Chain c{attention, residual, weights, packed_threads, {o_bits, hidden}, {gate_up_bits, 2 * intermediate},
+                  {down_bits, hidden}, {next_bits, next_features}, post_norm, next_norm, rows, hidden, eps, scalar != 0};
     return specc_cpu::decoder_chain(c, nullptr, nullptr, residual_out, next_out);
 }
 

@@ -9,14 +9,19 @@
 namespace specc_cpu {
 
 struct Projection {
-    const uint8_t* weight;   // packed as blocked_matmul's
-    int bits;
+    int bits;       // of its tiles, packed as blocked_matmul's
     int features;
 };
 
+// The layer's four projections are one buffer, `weights`: for each of `packed_threads` threads in
+// turn, its share (tile_share) of o's tiles, then of gate's, up's, down's and next's, so that in a
+// region of that many threads each thread reads one run of memory a layer. A region of another
+// size computes the same bits from the same tiles.
 struct Chain {
     const uint16_t* attention;   // [rows, hidden]
     const uint16_t* residual;    // [rows, hidden]
+    const uint8_t* weights;
+    int packed_threads;
     Projection o, gate_up, down, next;
     const uint16_t* post_norm;   // [hidden]
     const uint16_t* next_norm;   // [hidden]
@@ -46,5 +51,9 @@ struct CacheWrite {
 // shapes or positions it refuses.
 int decoder_chain(const Chain& chain, const CacheWrite* cache, const RowAttention* attention, uint16_t* residual_out,
                   uint16_t* next_out);
+
+// Bytes of the chain's `weights`: its four projections' tiles (whatever `packed_threads`), or 0
+// when a projection's shape or bits do not fit.
+int64_t layer_pack_bytes(const Chain& chain);
 
 }  // namespace specc_cpu

@@ -68,15 +68,6 @@ at::Tensor last_axis_contiguous(const at::Tensor& t) {
     return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous();
 }
 
-// A packed weight's output features, checked against its inputs and bits.
-int64_t packed_features(const char* name, const at::Tensor& packed, int64_t inputs, int64_t bits) {
-    TORCH_CHECK_VALUE((bits == 4 || bits == 6 || bits == 8) && packed.scalar_type() == at::kByte && packed.dim() == 2
-                    && packed.size(1) == specc_blocked_tile_bytes(static_cast<int>(inputs), static_cast<int>(bits)),
-                "decoder_chain: ", name, " (", packed.scalar_type(), " ", packed.sizes(), " at ", bits,
-                " bits) is no blocked weight over ", inputs, " inputs");
-    return packed.size(0) * kTile;
-}
-
 const uint16_t* bf16_vector(const char* name, const at::Tensor& t, int64_t size) {
     TORCH_CHECK_VALUE(t.scalar_type() == at::kBFloat16 && t.dim() == 1 && t.size(0) == size && t.is_contiguous(),
                 "decoder_chain: ", name, " must be a contiguous bfloat16 vector of ", size, ", got ", t.scalar_type(),
@@ -85,43 +76,45 @@ const uint16_t* bf16_vector(const char* name, const at::Tensor& t, int64_t size)
 }
 
 // The chain's operands checked, with `attention` and `residual` made contiguous (kept alive in `held`).
-specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& residual_in, const at::Tensor& o_weight,
-                          const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-                          const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits,
-                          int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, double eps,
-                          std::array<at::Tensor, 2>& held) {
+specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& residual_in, const at::Tensor& weights,
+                          const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits,
+                          int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate,
+                          int64_t next_features, int64_t packed_threads, double eps, std::array<at::Tensor, 2>& held) {
     TORCH_CHECK_VALUE(attention_in.dim() == 2 && residual_in.sizes() == attention_in.sizes()
                     && attention_in.scalar_type() == at::kBFloat16 && residual_in.scalar_type() == at::kBFloat16,
                 "decoder_chain takes bfloat16 attention and residual rows [n, hidden] of one shape, got ",
                 attention_in.scalar_type(), " ", attention_in.sizes(), " and ", residual_in.scalar_type(), " ",
                 residual_in.sizes());
     held = {attention_in.contiguous(), residual_in.contiguous()};
-    const int64_t rows = held[0].size(0), hidden = held[0].size(1);
-    const int64_t o_features = packed_features("o_weight", o_weight, hidden, o_bits);
-    const int64_t gate_up = packed_features("gate_up_weight", gate_up_weight, hidden, gate_up_bits);
-    TORCH_CHECK_VALUE(o_features == hidden && gate_up % (2 * kTile) == 0,
-                "decoder_chain: o_weight must map hidden to hidden and gate_up_weight to twice a multiple of 16");
-    const int64_t down = packed_features("down_weight", down_weight, gate_up / 2, down_bits);
-    const int64_t next = packed_features("next_weight", next_weight, hidden, next_bits);
-    TORCH_CHECK_VALUE(down == hidden, "decoder_chain: down_weight must map to hidden (", hidden, "), maps to ", down);
-    return specc_cpu::Chain{
+    const int rows = static_cast<int>(held[0].size(0)), hidden = static_cast<int>(held[0].size(1));
+    specc_cpu::Chain c{
         reinterpret_cast<const uint16_t*>(held[0].data_ptr()), reinterpret_cast<const uint16_t*>(held[1].data_ptr()),
-        {o_weight.data_ptr<uint8_t>(), static_cast<int>(o_bits), static_cast<int>(hidden)},
-        {gate_up_weight.data_ptr<uint8_t>(), static_cast<int>(gate_up_bits), static_cast<int>(gate_up)},
-        {down_weight.data_ptr<uint8_t>(), static_cast<int>(down_bits), static_cast<int>(hidden)},
-        {next_weight.data_ptr<uint8_t>(), static_cast<int>(next_bits), static_cast<int>(next)},
+        nullptr, static_cast<int>(packed_threads),
+        {static_cast<int>(o_bits), hidden}, {static_cast<int>(gate_up_bits), static_cast<int>(2 * intermediate)},
+        {static_cast<int>(down_bits), hidden}, {static_cast<int>(next_bits), static_cast<int>(next_features)},
         bf16_vector("post_norm", post_norm, hidden), bf16_vector("next_norm", next_norm, hidden),
-        static_cast<int>(rows), static_cast<int>(hidden), static_cast<float>(eps), false};
+        rows, hidden, static_cast<float>(eps), false};
+    const int64_t bytes = specc_cpu::layer_pack_bytes(c);
+    TORCH_CHECK_VALUE(bytes > 0 && packed_threads > 0,
+                "decoder_chain: no layer of hidden ", hidden, ", intermediate ", intermediate, ", next features ",
+                next_features, " at bits ", o_bits, "/", gate_up_bits, "/", down_bits, "/", next_bits,
+                " packed for ", packed_threads, " threads (features must be multiples of 16, inputs of 32, bits 4, 6 or 8)");
+    TORCH_CHECK_VALUE(weights.scalar_type() == at::kByte && weights.dim() == 1 && weights.numel() == bytes
+                    && weights.is_contiguous(),
+                "decoder_chain: weights must be the layer's packed projections, contiguous uint8 of ", bytes,
+                " bytes, got ", weights.scalar_type(), " ", weights.sizes());
+    c.weights = weights.data_ptr<uint8_t>();
+    return c;
 }
 
 std::tuple<at::Tensor, at::Tensor> decoder_chain(
-        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
-        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
-        int64_t down_bits, int64_t next_bits, double eps) {
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& weights,
+        const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, int64_t packed_threads,
+        double eps) {
     std::array<at::Tensor, 2> held;
-    const specc_cpu::Chain c = chain_of(attention, residual, o_weight, post_norm, gate_up_weight, down_weight,
-                                        next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
+    const specc_cpu::Chain c = chain_of(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits,
+                                        down_bits, next_bits, intermediate, next_features, packed_threads, eps, held);
     at::Tensor residual_out = at::empty({c.rows, c.hidden}, attention.options());
     at::Tensor next_out = at::empty({c.rows, c.next.features}, attention.options());
     const int status = specc_cpu::decoder_chain(c, nullptr, nullptr,
@@ -140,15 +133,15 @@ const uint16_t* bf16_rows(const char* name, const at::Tensor& t, int64_t rows, i
 
 // decoder_chain_into_cache, after `attention` when it is given (the chain's attention rows are then its output).
 std::tuple<at::Tensor, at::Tensor> chain_into_cache(
-        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
-        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
-        int64_t down_bits, int64_t next_bits, double eps, const at::Tensor& cos, const at::Tensor& sin,
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& weights,
+        const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, int64_t packed_threads,
+        double eps, const at::Tensor& cos, const at::Tensor& sin,
         const at::Tensor& positions_in, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads,
         const specc_cpu::RowAttention* attended) {
     std::array<at::Tensor, 2> held;
-    const specc_cpu::Chain c = chain_of(attention, residual, o_weight, post_norm, gate_up_weight, down_weight,
-                                        next_norm, next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, held);
+    const specc_cpu::Chain c = chain_of(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits,
+                                        down_bits, next_bits, intermediate, next_features, packed_threads, eps, held);
     TORCH_CHECK_VALUE(k_cache.dim() == 4 && k_cache.size(0) == 1 && v_cache.sizes() == k_cache.sizes()
                     && k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16
                     && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
@@ -177,13 +170,13 @@ std::tuple<at::Tensor, at::Tensor> chain_into_cache(
 }
 
 std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
-        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& o_weight,
-        const at::Tensor& post_norm, const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-        const at::Tensor& next_norm, const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits,
-        int64_t down_bits, int64_t next_bits, double eps, const at::Tensor& cos, const at::Tensor& sin,
+        const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& weights,
+        const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits,
+        int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, int64_t packed_threads,
+        double eps, const at::Tensor& cos, const at::Tensor& sin,
         const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
-    return chain_into_cache(attention, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
-                            next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin, positions, k_cache,
+    return chain_into_cache(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
+                            next_bits, intermediate, next_features, packed_threads, eps, cos, sin, positions, k_cache,
                             v_cache, heads, nullptr);
 }
 
@@ -191,10 +184,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
 // under `mask` (row_attention's operands), in the same parallel region.
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
         const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in, const at::Tensor& mask,
-        double scale, const at::Tensor& residual, const at::Tensor& o_weight, const at::Tensor& post_norm,
-        const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const at::Tensor& next_norm,
-        const at::Tensor& next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
-        double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
+        double scale, const at::Tensor& residual, const at::Tensor& weights, const at::Tensor& post_norm,
+        const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
         at::Tensor& v_cache, int64_t heads) {
     TORCH_CHECK_VALUE(query_in.dim() == 4 && key_in.dim() == 4 && value_in.dim() == 4 && mask.dim() == 4
                     && query_in.scalar_type() == at::kBFloat16 && key_in.scalar_type() == at::kBFloat16
@@ -221,8 +213,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
         a.mask_strides[i] = expanded.stride(i);
     }
     // the chain's attention rows are the attention's output: `residual` stands in for their shape
-    return chain_into_cache(residual, residual, o_weight, post_norm, gate_up_weight, down_weight, next_norm,
-                            next_weight, o_bits, gate_up_bits, down_bits, next_bits, eps, cos, sin, positions, k_cache,
+    return chain_into_cache(residual, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
+                            next_bits, intermediate, next_features, packed_threads, eps, cos, sin, positions, k_cache,
                             v_cache, heads, &a);
 }
 
@@ -310,30 +302,28 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle 
 }
 
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain(
-        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
-        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
-        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
-        double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle weights, AtenTensorHandle post_norm,
+        AtenTensorHandle next_norm, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-        hand_over(decoder_chain(tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
-                                tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm),
-                                tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps),
+        hand_over(decoder_chain(tensor_of(attention), tensor_of(residual), tensor_of(weights), tensor_of(post_norm),
+                                tensor_of(next_norm), o_bits, gate_up_bits, down_bits, next_bits, intermediate,
+                                next_features, packed_threads, eps),
                   ret0, ret1);
     });
 }
 
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
-        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
-        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
-        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
-        double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
+        AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle weights, AtenTensorHandle post_norm,
+        AtenTensorHandle next_norm, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
         AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
         hand_over(decoder_chain_into_cache(
-                      tensor_of(attention), tensor_of(residual), tensor_of(o_weight), tensor_of(post_norm),
-                      tensor_of(gate_up_weight), tensor_of(down_weight), tensor_of(next_norm), tensor_of(next_weight),
-                      o_bits, gate_up_bits, down_bits, next_bits, eps, tensor_of(cos), tensor_of(sin),
+                      tensor_of(attention), tensor_of(residual), tensor_of(weights), tensor_of(post_norm),
+                      tensor_of(next_norm), o_bits, gate_up_bits, down_bits, next_bits, intermediate, next_features,
+                      packed_threads, eps, tensor_of(cos), tensor_of(sin),
                       tensor_of(positions), keys, values, heads),
                   ret0, ret1);
     });
@@ -341,17 +331,16 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
 
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_layer(
         AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask, double scale,
-        AtenTensorHandle residual, AtenTensorHandle o_weight, AtenTensorHandle post_norm,
-        AtenTensorHandle gate_up_weight, AtenTensorHandle down_weight, AtenTensorHandle next_norm,
-        AtenTensorHandle next_weight, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
-        double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
+        AtenTensorHandle residual, AtenTensorHandle weights, AtenTensorHandle post_norm, AtenTensorHandle next_norm,
+        int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate,
+        int64_t next_features, int64_t packed_threads, double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
         AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
         hand_over(decoder_layer(
                       tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), scale, tensor_of(residual),
-                      tensor_of(o_weight), tensor_of(post_norm), tensor_of(gate_up_weight), tensor_of(down_weight),
-                      tensor_of(next_norm), tensor_of(next_weight), o_bits, gate_up_bits, down_bits, next_bits, eps,
+                      tensor_of(weights), tensor_of(post_norm), tensor_of(next_norm), o_bits, gate_up_bits, down_bits,
+                      next_bits, intermediate, next_features, packed_threads, eps,
                       tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads),
                   ret0, ret1);
     });
