@@ -205,12 +205,22 @@ void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, i
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr bool kVector = true;
 
-// The lines of this block's share of its group requested ahead.
-inline void prefetch_share(const uint8_t* group, size_t bytes, int size, int j) {
-    const size_t begin = bytes * j / size / kLine * kLine, end = bytes * (j + 1) / size / kLine * kLine;
+// The lines of this block's share of its group (`per_block` bytes, whole lines) requested ahead.
+inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
+    const size_t begin = per_block * j, end = per_block * (j + 1);
     for (size_t line = begin; line < end; line += kLine) {
         _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
     }
+}
+
+// Each byte's high nibble, as a byte: one affine bit transform (GFNI) where the CPU has it.
+inline __m512i high_nibbles(__m512i v, __m512i low_mask) {
+#if defined(__GFNI__)
+    (void)low_mask;
+    return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+    return _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+#endif
 }
 
 template <int Bits, int Count>
@@ -223,13 +233,14 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     for (int first = 0; first < blocks; first += kGroup) {
         const int size = std::min(kGroup, blocks - first);
         const size_t bytes = group_bytes<Bits>(size);
+        const size_t per_block = bytes / size / kLine * kLine;   // a division a group, not two a block
         const __m512 group_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group)));
         const __m512 group_mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 2 * kTile)));
         const uint8_t* sub_scales = group + 4 * kTile;
         const uint8_t* sub_mins = sub_scales + kTile * size;
         for (int j = 0; j < size; ++j) {
             const int b = first + j;
-            prefetch_share(group, bytes, size, j);
+            prefetch_share(group, per_block, j);
             const __m512 scales = _mm512_mul_ps(group_scales, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub_scales + kTile * j)))));
             const __m512 mins = _mm512_mul_ps(group_mins, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -238,9 +249,10 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
             __m512i w[8];
             if (Bits == 4 || Bits == 6) {
                 for (int c = 0; c < 4; ++c) {
-                    const __m512i v = _mm512_loadu_si512(values + 64 * c);
+                    __m512i v = _mm512_loadu_si512(values + 64 * c);
+                    asm("" : "+v"(v));   // one load for both uses: the compiler would fold it into each
                     w[c] = _mm512_and_si512(v, low_mask);
-                    w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+                    w[c + 4] = high_nibbles(v, low_mask);
                 }
                 if (Bits == 6) {
                     const __m512i two_bits = _mm512_set1_epi8(3);
@@ -290,6 +302,23 @@ void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, i
 }
 #endif
 
+// A tile's 16 outputs rounded to bfloat16 (float_to_bf16's rounding, 16 lanes at once).
+inline void store_rounded(const float* out, uint16_t* dst, bool scalar) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (!scalar) {
+        const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(out));
+        const __m512i even = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+        const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), even));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                      _mm512_set1_epi32(0x7f800000));
+        const __m512i kept = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(kept, 16)));
+        return;
+    }
+#endif
+    for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[f]);
+}
+
 // The first `bytes` at `start` requested into the outer caches.
 inline void request_ahead(const uint8_t* start, size_t bytes) {
     for (size_t line = 0; line < bytes; line += 64) {
@@ -313,10 +342,7 @@ void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int c
             } else {
                 tile_rows<Bits>(tile, blocks, a, k, r0, count, out);
             }
-            for (int r = 0; r < count; ++r) {
-                uint16_t* dst = y + (r0 + r) * y_stride + t * kTile;
-                for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[r][f]);
-            }
+            for (int r = 0; r < count; ++r) store_rounded(out[r], y + (r0 + r) * y_stride + t * kTile, scalar);
         }
     }
 }
