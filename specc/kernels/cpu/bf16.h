@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <immintrin.h>
 
 namespace specc_cpu {
 
@@ -21,6 +22,34 @@ inline uint16_t float_to_bf16(float f) {
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return static_cast<uint16_t>(bits >> 16);
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same conversions on 16 lanes at once, bit for bit.
+inline __m512 bf16x16_to_float(const uint16_t* p) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Each lane's float32 bits rounded to bfloat16 in the top half (float_to_bf16's rule).
+inline __m512i bf16x16_bits(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), even));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+}
+
+// bf16_to_float(float_to_bf16(v)) on 16 lanes.
+inline __m512 rounded16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(bf16x16_bits(v), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// float_to_bf16 of 16 lanes, stored.
+inline void store_bf16x16(uint16_t* dst, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16x16_bits(v), 16)));
+}
+#endif
 
 // One float32 or bfloat16 element as a float.
 template <typename T> inline float load(const T* p);

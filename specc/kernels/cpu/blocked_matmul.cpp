@@ -302,19 +302,10 @@ void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, i
 }
 #endif
 
-// A tile's 16 outputs rounded to bfloat16 (float_to_bf16's rounding, 16 lanes at once).
+// A tile's 16 outputs rounded to bfloat16, 16 lanes at once where the CPU has them.
 inline void store_rounded(const float* out, uint16_t* dst, bool scalar) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (!scalar) {
-        const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(out));
-        const __m512i even = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-        const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), even));
-        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
-                                                      _mm512_set1_epi32(0x7f800000));
-        const __m512i kept = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(kept, 16)));
-        return;
-    }
+    if (!scalar) return specc_cpu::store_bf16x16(dst, _mm512_loadu_ps(out));
 #endif
     for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[f]);
 }

@@ -47,31 +47,64 @@ constexpr int kTile = 16, kLanes = 16;
 inline uint16_t round_bf16(float v) { return float_to_bf16(v); }
 inline float rounded(float v) { return bf16_to_float(float_to_bf16(v)); }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// add_norm's row on 16 lanes: the same roundings, the squares summed lane by lane in the same order.
+void add_norm_row16(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int hidden, float eps, float* h,
+                    uint16_t* sum, uint16_t* out) {
+    __m512 squares = _mm512_setzero_ps();
+    for (int i = 0; i < hidden; i += kLanes) {
+        const __m512 v = specc_cpu::rounded16(_mm512_add_ps(specc_cpu::bf16x16_to_float(a + i),
+                                                             specc_cpu::bf16x16_to_float(b + i)));
+        _mm512_storeu_ps(h + i, v);
+        squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    alignas(64) float lanes[kLanes];
+    _mm512_store_ps(lanes, squares);
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    const __m512 inverse = _mm512_set1_ps(1.f / std::sqrt(lanes[0] / static_cast<float>(hidden) + eps));
+    for (int i = 0; i < hidden; i += kLanes) {
+        const __m512 v = _mm512_loadu_ps(h + i);
+        const __m512 scaled = specc_cpu::rounded16(_mm512_mul_ps(v, inverse));
+        specc_cpu::store_bf16x16(out + i, _mm512_mul_ps(specc_cpu::bf16x16_to_float(weight + i), scaled));
+        if (sum) specc_cpu::store_bf16x16(sum + i, v);
+    }
+}
+#endif
+
 // sum = a + b rounded; normed = weight * rounded(sum * rsqrt(mean(sum^2) + eps)), rounded: RMSNorm
-// as Llama's eager code computes it in bfloat16, for every row. `sum` may be null.
+// as Llama's eager code computes it in bfloat16, for every row. `sum` may be null. Squares are
+// summed over 16 lanes in a fixed order, each a fused multiply-add, in both paths.
 void add_norm(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int rows, int hidden, float eps,
-              uint16_t* sum, uint16_t* normed, std::vector<float>& scratch) {
+              uint16_t* sum, uint16_t* normed, std::vector<float>& scratch, bool scalar) {
     scratch.resize(hidden);
     float* h = scratch.data();
     for (int r = 0; r < rows; ++r) {
         const uint16_t* ar = a + static_cast<int64_t>(r) * hidden;
         const uint16_t* br = b + static_cast<int64_t>(r) * hidden;
+        uint16_t* out = normed + static_cast<int64_t>(r) * hidden;
+        uint16_t* s = sum ? sum + static_cast<int64_t>(r) * hidden : nullptr;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if (!scalar) {
+            add_norm_row16(ar, br, weight, hidden, eps, h, s, out);
+            continue;
+        }
+#endif
         float lanes[kLanes] = {};
         for (int i0 = 0; i0 < hidden; i0 += kLanes) {
             for (int l = 0; l < kLanes; ++l) {
                 const float v = rounded(bf16_to_float(ar[i0 + l]) + bf16_to_float(br[i0 + l]));
                 h[i0 + l] = v;
-                lanes[l] += v * v;
+                lanes[l] = std::fma(v, v, lanes[l]);
             }
         }
         for (int width = kLanes / 2; width > 0; width /= 2) {
             for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
         }
         const float inverse = 1.f / std::sqrt(lanes[0] / static_cast<float>(hidden) + eps);
-        uint16_t* out = normed + static_cast<int64_t>(r) * hidden;
         for (int i = 0; i < hidden; ++i) out[i] = round_bf16(bf16_to_float(weight[i]) * rounded(h[i] * inverse));
-        if (sum) {
-            uint16_t* s = sum + static_cast<int64_t>(r) * hidden;
+        if (s) {
             for (int i = 0; i < hidden; ++i) s[i] = round_bf16(h[i]);
         }
     }
@@ -92,23 +125,16 @@ void gated(const uint16_t* gate_up, int rows, int intermediate, int first, int l
         const uint16_t* up = gate + intermediate;
         uint16_t* out = act + static_cast<int64_t>(r) * intermediate;
         int f = first;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
         if (!scalar) {
             const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
             const __m512 one = _mm512_set1_ps(1.f);
             for (; f + kLanes <= last; f += kLanes) {
-                auto widen = [](const uint16_t* p) {
-                    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-                    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-                };
-                const __m512 x = widen(gate + f), u = widen(up + f);
+                const __m512 x = specc_cpu::bf16x16_to_float(gate + f), u = specc_cpu::bf16x16_to_float(up + f);
                 const __m512 e = specc_cpu::exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_and_ps(x, magnitude)));
                 const __m512 numerator = _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), x, e);
                 const __m512 s = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
-                alignas(64) float sv[kLanes], uv[kLanes];
-                _mm512_store_ps(sv, s);
-                _mm512_store_ps(uv, u);
-                for (int l = 0; l < kLanes; ++l) out[f + l] = round_bf16(rounded(sv[l]) * uv[l]);
+                specc_cpu::store_bf16x16(out + f, _mm512_mul_ps(specc_cpu::rounded16(s), u));
             }
         }
 #endif
@@ -245,7 +271,7 @@ void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention*
         project(c, layout, kO, mine.a, rows, first, last, s.o.data(), hidden);
 #pragma omp barrier
         add_norm(c.residual, s.o.data(), c.post_norm, rows, hidden, c.eps, mine.sum.data(), mine.normed.data(),
-                 mine.scratch);
+                 mine.scratch, c.scalar);
         specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
         // Each thread takes the same features of gate and of up, so it can multiply them itself.
         specc_cpu::tile_share(intermediate / kTile, threads, thread, &first, &last);
@@ -258,7 +284,7 @@ void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention*
         project(c, layout, kDown, mine.a, rows, first, last, s.down.data(), hidden);
 #pragma omp barrier
         add_norm(mine.sum.data(), s.down.data(), c.next_norm, rows, hidden, c.eps, thread == 0 ? residual_out : nullptr,
-                 mine.normed.data(), mine.scratch);
+                 mine.normed.data(), mine.scratch, c.scalar);
         specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
         specc_cpu::tile_share(c.next.features / kTile, threads, thread, &first, &last);
         project(c, layout, kNext, mine.a, rows, first, last, projected, c.next.features);
