@@ -20,8 +20,8 @@ is a bias-free q/k/v whose columns go to Llama's rotary embedding and cache writ
 chain matches only whole: every intermediate used by the chain alone (`residual_out` may
 have any users: the next residual, a method's exits), one eps for both norms. Qwen2's q/k/v biases stay
 where they are, added to `next`'s columns. The last layer (whose next norm feeds the head),
-GELU or extra norms (Gemma 3) and chains split across graph segments do not match and keep
-their calls. Every graph of an engine runs this pass, so a layer computes the same bits in
+GELU or extra norms (Gemma 3), chains split across graph segments and chains in a segment that
+takes its weights as inputs (they are packed at compile time, `pack_layer`) keep their calls. Every graph of an engine runs this pass, so a layer computes the same bits in
 the `none` engine and in any method's verifying graph.
 """
 
