@@ -39,10 +39,6 @@ from specc.kernels.blocked_matmul import BLOCK, TILE, reference as matmul_refere
 from specc.kernels.cpu.build import NATIVE, load_library
 
 LIBRARY = NATIVE
-# where the operators' arguments say a layer's pack: its tensor (the post-attention norm follows),
-# the four projections' bits, the intermediate size and the next projection's features
-LAYER_PACK = {"weights": 2, "bits": (5, 6, 7, 8), "intermediate": 9, "next_features": 10}
-DECODER_LAYER_PACK = {"weights": 6, "bits": (9, 10, 11, 12), "intermediate": 13, "next_features": 14}
 
 
 def _pointer(tensor: torch.Tensor | None) -> ctypes.c_void_p:
@@ -196,6 +192,16 @@ def _decoder_layer_fake(query, key, value, mask, scale, residual, *rest):
 def decoder_layer(*args):
     """`(residual_out, query)` of the layer's row attention and `decoder_chain_into_cache`, in one call."""
     return torch.ops.specc.decoder_layer.default(*args)
+
+
+OPERATORS = (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default,
+             torch.ops.specc.decoder_layer.default)
+
+
+def named_operands(operator, args) -> dict:
+    """A call of one of `OPERATORS` as {argument name in its schema: value} (`weights`, `post_norm`,
+    `o_bits`, ..., `intermediate`, `next_features`)."""
+    return dict(zip((argument.name for argument in operator._schema.arguments), args))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

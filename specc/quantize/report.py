@@ -72,23 +72,15 @@ def blocked_weights(gm: fx.GraphModule, inputs: list | None = None) -> dict[tupl
             packed, bits = values.get(node.args[1]), node.args[2]
             if isinstance(packed, torch.Tensor):
                 found[(packed.data_ptr(), 0)] = bits, node.args[3], blocked.inputs_of(packed, bits)
-        elif (pack := _layer_pack(node)) is not None:
-            weights, post_norm = (values.get(node.args[pack["weights"] + i]) for i in (0, 1))
+        elif node.target in decoder_chain.OPERATORS:
+            operands = decoder_chain.named_operands(node.target, node.args)
+            weights, post_norm = values.get(operands["weights"]), values.get(operands["post_norm"])
             if isinstance(weights, torch.Tensor) and isinstance(post_norm, torch.Tensor):
-                projections = decoder_chain.layer_projections(
-                    post_norm.shape[0], node.args[pack["intermediate"]], node.args[pack["next_features"]],
-                    tuple(node.args[i] for i in pack["bits"]))
+                bits = tuple(operands[f"{name}_bits"] for name in ("o", "gate_up", "down", "next"))
+                projections = decoder_chain.layer_projections(post_norm.shape[0], operands["intermediate"],
+                                                              operands["next_features"], bits)
                 found.update({(weights.data_ptr(), part): p for part, p in enumerate(projections)})
     return found
-
-
-def _layer_pack(node: fx.Node) -> dict | None:
-    """Where a decoder chain call's layer pack and its sizes are among its arguments, else None."""
-    if node.target in (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default):
-        return decoder_chain.LAYER_PACK
-    if node.target is torch.ops.specc.decoder_layer.default:
-        return decoder_chain.DECODER_LAYER_PACK
-    return None
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -14,7 +14,7 @@ import torch
 from specc.contract.infrastructure import infrastructure_passes
 from specc.contract.program import graph_copy
 from specc.graph.nodes import attribute
-from specc.kernels.decoder_chain import pack_layer
+from specc.kernels.decoder_chain import named_operands, pack_layer
 from specc.passes.fuse_decoder_chain import (DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, DECODER_LAYER, MATMUL,
                                              ROW_ATTENTION, FuseDecoderChain)
 from specc.passes.manager import run_passes
@@ -89,7 +89,7 @@ def test_a_call_of_several_rows_computes_the_bits_of_one_row_steps(graphs):
 
 
 def _packs(gm) -> list[torch.Tensor]:
-    return [attribute(gm, node.args[2 if node.target != DECODER_LAYER else 6].target)
+    return [attribute(gm, named_operands(node.target, node.args)["weights"].target)
             for node in gm.graph.nodes if node.target in CHAINS]
 
 

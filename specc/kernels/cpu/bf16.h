@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
+#endif
 
 namespace specc_cpu {
 

@@ -318,12 +318,12 @@ inline void request_ahead(const uint8_t* start, size_t bytes) {
 }
 
 template <int Bits>
-void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int count, uint16_t* y,
+void tiles(const QuantizedRows& a, int rows, int k, const uint8_t* weight, int tile_count, uint16_t* y,
            int64_t y_stride, bool scalar) {
     const int blocks = k / kBlock;
     const size_t stride = tile_bytes<Bits>(blocks);
-    request_ahead(weight, std::min<size_t>(count * stride, kPrefetchBytes));
-    for (int t = 0; t < count; ++t) {
+    request_ahead(weight, std::min<size_t>(tile_count * stride, kPrefetchBytes));
+    for (int t = 0; t < tile_count; ++t) {
         const uint8_t* tile = weight + t * stride;
         for (int r0 = 0; r0 < rows; r0 += kRowTile) {
             const int count = std::min(kRowTile, rows - r0);

@@ -47,6 +47,14 @@ constexpr int kTile = 16, kLanes = 16;
 inline uint16_t round_bf16(float v) { return float_to_bf16(v); }
 inline float rounded(float v) { return bf16_to_float(float_to_bf16(v)); }
 
+// The 16 lanes' partial sums of squares added pairwise, halves first: the one order both paths use.
+float lane_sum(float (&lanes)[kLanes]) {
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    return lanes[0];
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // add_norm's row on 16 lanes: the same roundings, the squares summed lane by lane in the same order.
 void add_norm_row16(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int hidden, float eps, float* h,
@@ -60,10 +68,7 @@ void add_norm_row16(const uint16_t* a, const uint16_t* b, const uint16_t* weight
     }
     alignas(64) float lanes[kLanes];
     _mm512_store_ps(lanes, squares);
-    for (int width = kLanes / 2; width > 0; width /= 2) {
-        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-    }
-    const __m512 inverse = _mm512_set1_ps(1.f / std::sqrt(lanes[0] / static_cast<float>(hidden) + eps));
+    const __m512 inverse = _mm512_set1_ps(1.f / std::sqrt(lane_sum(lanes) / static_cast<float>(hidden) + eps));
     for (int i = 0; i < hidden; i += kLanes) {
         const __m512 v = _mm512_loadu_ps(h + i);
         const __m512 scaled = specc_cpu::rounded16(_mm512_mul_ps(v, inverse));
@@ -99,10 +104,7 @@ void add_norm(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int 
                 lanes[l] = std::fma(v, v, lanes[l]);
             }
         }
-        for (int width = kLanes / 2; width > 0; width /= 2) {
-            for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-        }
-        const float inverse = 1.f / std::sqrt(lanes[0] / static_cast<float>(hidden) + eps);
+        const float inverse = 1.f / std::sqrt(lane_sum(lanes) / static_cast<float>(hidden) + eps);
         for (int i = 0; i < hidden; ++i) out[i] = round_bf16(bf16_to_float(weight[i]) * rounded(h[i] * inverse));
         if (s) {
             for (int i = 0; i < hidden; ++i) s[i] = round_bf16(h[i]);
