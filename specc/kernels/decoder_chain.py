@@ -17,8 +17,9 @@ one run of memory a layer; a region of other threads computes the same bits) it 
 
 which is what a Llama or Qwen2 decoder layer computes from the attention's output up to the
 next layer's q/k/v projection, before its bias (`fuse_decoder_chain` puts it in their
-place). `torch.ops.specc.decoder_chain_into_cache` takes the same operands and, for a
-projection without a bias, goes on to the next attention's operands: the rotary embedding on q
+place). `torch.ops.specc.decoder_chain_into_cache` takes the same operands and goes on to the
+next attention's operands: the projection plus `next_bias` where given (Qwen2's q, k and v biases
+end to end, the sum rounded to bfloat16 as eager's add), the rotary embedding on q
 and k (`cos`, `sin` `[rows, head_dim]`, Llama's rotate-half form, in eager bfloat16 steps), k and
 v written into `k_cache` and `v_cache` `[1, kv_heads, capacity, head_dim]` at each row's
 `cache_positions` entry, and returns `(residual_out, query)` with `query` `[rows, heads *
@@ -163,12 +164,13 @@ _define_in_cpu_library(
     "(Tensor attention, Tensor residual, Tensor weights, Tensor post_norm, Tensor next_norm, int o_bits, "
     "int gate_up_bits, int down_bits, int next_bits, int intermediate, int next_features, int packed_threads, "
     "float eps, Tensor cos, Tensor sin, Tensor cache_positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-    "int heads) -> (Tensor, Tensor)")
+    "int heads, Tensor? next_bias=None) -> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("specc::decoder_chain_into_cache")
-def _decoder_chain_into_cache_fake(attention, residual, *rest):
-    return _residual_and_query_fake(residual, rest[-3], rest[-1])
+def _decoder_chain_into_cache_fake(*args):
+    operands = named_operands(torch.ops.specc.decoder_chain_into_cache.default, args)
+    return _residual_and_query_fake(operands["residual"], operands["k_cache"], operands["heads"])
 
 
 def decoder_chain_into_cache(*args):
@@ -181,12 +183,14 @@ _define_in_cpu_library(
     "(Tensor query, Tensor key, Tensor value, Tensor mask, float scale, Tensor residual, Tensor weights, "
     "Tensor post_norm, Tensor next_norm, int o_bits, int gate_up_bits, int down_bits, int next_bits, "
     "int intermediate, int next_features, int packed_threads, float eps, Tensor cos, Tensor sin, "
-    "Tensor cache_positions, Tensor(a!) k_cache, Tensor(b!) v_cache, int heads) -> (Tensor, Tensor)")
+    "Tensor cache_positions, Tensor(a!) k_cache, Tensor(b!) v_cache, int heads, Tensor? next_bias=None) "
+    "-> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("specc::decoder_layer")
-def _decoder_layer_fake(query, key, value, mask, scale, residual, *rest):
-    return _residual_and_query_fake(residual, rest[-3], rest[-1])
+def _decoder_layer_fake(*args):
+    operands = named_operands(torch.ops.specc.decoder_layer.default, args)
+    return _residual_and_query_fake(operands["residual"], operands["k_cache"], operands["heads"])
 
 
 def decoder_layer(*args):

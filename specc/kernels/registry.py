@@ -46,10 +46,10 @@ KERNELS = {kernel.name: kernel for kernel in (
                                "(2026-12-01)"),
     Kernel("decoder_chain_into_cache", "decoder_chain on to the next attention's operands: the rotary embedding "
                                        "of q and k, k and v written into the caches, in the same region",
-           revision=2, revised="takes its layer's four projections as one pack, each thread's shares together "
+           revision=3, revised="adds the q/k/v bias it is given (next_bias) before the rotary embedding "
                                "(2026-12-01)"),
     Kernel("decoder_layer", "the layer's row attention, then decoder_chain_into_cache, in one parallel region",
-           revision=2, revised="takes its layer's four projections as one pack, each thread's shares together "
+           revision=3, revised="adds the q/k/v bias it is given (next_bias) before the rotary embedding "
                                "(2026-12-01)"),
 )}
 

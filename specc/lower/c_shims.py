@@ -25,10 +25,10 @@ _LAYER = ("AtenTensorHandle weights, AtenTensorHandle post_norm, AtenTensorHandl
           "int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, "
           "int64_t packed_threads, double eps")
 _CACHE_WRITE = ("AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
-                "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads")
+                "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* next_bias")
 
 # Inductor writes `extern` declarations of these into the package and calls them by name:
-# aoti_torch_<device>_<operator>, tensors as handles, `float?` as a pointer (null for None).
+# aoti_torch_<device>_<operator>, tensors as handles, `float?` and `Tensor?` as a pointer (null for None).
 DECLARATIONS = {
     "blocked_matmul": "AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle rows, AtenTensorHandle packed, "
                       "int64_t bits, int64_t out_features, AtenTensorHandle* ret0)",

@@ -14,15 +14,16 @@ kernels between them:
 This pass puts `torch.ops.specc.decoder_chain` in its place: one parallel region a layer
 instead of four, and no hand-over of each matmul's rows to a one-thread kernel and back
 (`specc/kernels/decoder_chain.py`; docs/quantization.md, "One call a layer"). Where `next`
-is a bias-free q/k/v whose columns go to Llama's rotary embedding and cache writes,
-`decoder_chain_into_cache` does those too, and where the chain's attention rows are a
-`row_attention`'s output, `decoder_layer` runs that attention first: one call a layer. A
-chain matches only whole: every intermediate used by the chain alone (`residual_out` may
-have any users: the next residual, a method's exits), one eps for both norms. Qwen2's q/k/v biases stay
-where they are, added to `next`'s columns. The last layer (whose next norm feeds the head),
-GELU or extra norms (Gemma 3), chains split across graph segments and chains in a segment that
-takes its weights as inputs (they are packed at compile time, `pack_layer`) keep their calls. Every graph of an engine runs this pass, so a layer computes the same bits in
-the `none` engine and in any method's verifying graph.
+is a q/k/v whose columns (plus their biases, Qwen2's) go to Llama's rotary embedding and cache
+writes, `decoder_chain_into_cache` does those too (the biases stacked into one buffer), and
+where the chain's attention rows are a `row_attention`'s output, `decoder_layer` runs that
+attention first: one call a layer. A chain matches only whole: every intermediate used by the
+chain alone (`residual_out` may have any users: the next residual, a method's exits), one eps
+for both norms. The last layer (whose next norm feeds the head), GELU or extra norms (Gemma 3),
+chains split across graph segments and chains in a segment that takes its weights as inputs
+(they are packed at compile time, `pack_layer`) keep their calls. Every graph of an engine runs
+this pass, so a layer computes the same bits in the `none` engine and in any method's verifying
+graph.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class FuseDecoderChain(GraphPass):
                 if node.users and (chain := match_chain(node)) is not None and _reads_its_weights(chain):
                     replaced.append(chain.next_matmul.name)
                     writes = match_cache_write(chain.next_matmul)
+                    if writes is not None and writes.biases is not None:
+                        writes.bias = self._stacked_bias(module, writes.biases, chain.next_matmul.args[3])
+                        writes = writes if writes.bias is not None else None
                     chain.pack, chain.packed_threads = self._pack(module, chain), self.packed_threads
                     added.append(chain.pack)
                     inserted.append((_fuse_into_cache(module, chain, writes) if writes else _fuse(module, chain)).name)
@@ -92,6 +96,32 @@ class FuseDecoderChain(GraphPass):
         if not hasattr(owner, buffer):
             owner.register_buffer(buffer, self.store[key])
         return f"{owner_path}.{buffer}" if owner_path else buffer
+
+
+    def _stacked_bias(self, module: fx.GraphModule, targets: list[str], features: int) -> str | None:
+        """q's, k's and v's biases end to end as one buffer of `module` (`…q_proj_k_proj_v_proj_bias`),
+        shared like the packs; None unless they are bfloat16 vectors covering the projection's features."""
+        tensors = [attribute(module, target) for target in targets]
+        if any(t.dtype != torch.bfloat16 or t.dim() != 1 for t in tensors) or sum(t.numel() for t in tensors) != features:
+            return None
+        key = ("bias", *(t.data_ptr() for t in tensors))
+        if key not in self.store:
+            self.store[key] = torch.cat(tensors)
+        owner_path, buffer = _stacked_bias_name(targets)
+        owner = module.get_submodule(owner_path)
+        if not hasattr(owner, buffer):
+            owner.register_buffer(buffer, self.store[key])
+        return f"{owner_path}.{buffer}" if owner_path else buffer
+
+
+def _stacked_bias_name(targets: list[str]) -> tuple[str, str]:
+    """(owner, buffer) for biases stacked end to end: `…self_attn.q_proj.bias` and its siblings ->
+    (`…self_attn`, `q_proj_k_proj_v_proj_bias`); the graph's own attribute when they share no owner."""
+    owners = [target.rpartition(".")[0] for target in targets]
+    parents = {owner.rpartition(".")[0] for owner in owners}
+    if all(owners) and len(parents) == 1 and all("." in owner for owner in owners):
+        return parents.pop(), "_".join(owner.rpartition(".")[2] for owner in owners) + "_bias"
+    return "", "_".join(target.replace(".", "_") for target in targets) + "_stacked"
 
 
 class Chain:
@@ -172,6 +202,8 @@ def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) 
     with graph.inserting_before(chain.residual_out):
         operands = _chain_operands(graph, chain)
         cache = (writes.cos, writes.sin, writes.positions, writes.k_cache, writes.v_cache, writes.heads)
+        if writes.biases:
+            cache += (graph.get_attr(writes.bias),)
         if attention is None:
             fused = graph.call_function(DECODER_CHAIN_INTO_CACHE, (*operands, *cache))
         else:
@@ -346,8 +378,8 @@ class CacheWrites:
 
 
 def match_cache_write(projection: fx.Node) -> CacheWrites | None:
-    """The rotary embedding and cache writes a bias-free q/k/v `projection` feeds, else None:
-    q, k, v its column slices in that order, each viewed as heads (`[1, s, -1, head_dim]`,
+    """The rotary embedding and cache writes a q/k/v `projection` feeds, else None: q, k, v its
+    column slices in that order, each plus a bias (all three or none: `biases`, their targets) and viewed as heads (`[1, s, -1, head_dim]`,
     transposed), q and k rotated by one cos and sin, k and v written into caches at one set of
     positions, every step used there alone."""
     slices = sorted(_users(projection), key=lambda n: n.args[2] if _calls(n, aten.slice.Tensor) else -1)
@@ -360,7 +392,10 @@ def match_cache_write(projection: fx.Node) -> CacheWrites | None:
     heads = [_as_heads(n) for n in slices]
     if any(h is None for h in heads):
         return None
-    (q, q_view), (k, _), (v, _) = heads
+    (q, q_view, q_bias), (k, _, k_bias), (v, _, v_bias) = heads
+    biases = [q_bias, k_bias, v_bias]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
     head_dim = q_view[3]
     q_rope, k_rope = _rotated(q, head_dim), _rotated(k, head_dim)
     if q_rope is None or k_rope is None or q_rope[1:] != k_rope[1:]:
@@ -373,13 +408,19 @@ def match_cache_write(projection: fx.Node) -> CacheWrites | None:
         return None
     return CacheWrites(query=q_rope[0], query_view=q_view, cos=q_rope[1], sin=q_rope[2],
                        positions=k_write.args[1][2], k_cache=k_write.args[0], v_cache=v_write.args[0],
-                       k_write=k_write, v_write=v_write, heads=width // head_dim)
+                       k_write=k_write, v_write=v_write, heads=width // head_dim,
+                       biases=[b.target for b in biases] if q_bias is not None else None)
 
 
-def _as_heads(columns: fx.Node) -> tuple[fx.Node, list] | None:
-    """(x, the view's shape) of `x = transpose(view(reshape(columns, ...), [1, s, -1, head_dim]), 1, 2)`."""
+def _as_heads(columns: fx.Node) -> tuple[fx.Node, list, fx.Node | None] | None:
+    """(x, the view's shape, the bias read or None) of `x = transpose(view(reshape(columns, ...) [+ bias],
+    [1, s, -1, head_dim]), 1, 2)`, the bias a weight of the columns' width."""
     reshaped = _single_user(columns)
     viewed = _single_user(reshaped) if _calls(reshaped, aten.reshape.default, aten.view.default) else None
+    bias = None
+    if _calls(viewed, aten.add.Tensor) and viewed.args[0] is reshaped and isinstance(viewed.args[1], fx.Node) \
+            and viewed.args[1].op == "get_attr":
+        bias, viewed = viewed.args[1], _single_user(viewed)
     if not _calls(viewed, aten.view.default, aten.reshape.default):
         return None
     shape = viewed.args[1]
@@ -387,7 +428,7 @@ def _as_heads(columns: fx.Node) -> tuple[fx.Node, list] | None:
     if len(shape) != 4 or shape[0] != 1 or shape[2] != -1 or not isinstance(shape[3], int) \
             or not _calls(transposed, aten.transpose.int) or tuple(transposed.args[1:]) != (1, 2):
         return None
-    return transposed, list(shape)
+    return transposed, list(shape), bias
 
 
 def _single_user(node) -> fx.Node | None:

@@ -110,16 +110,20 @@ def _caches() -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(torch.zeros(1, KV_HEADS, SLOTS, DIM, dtype=torch.bfloat16) for _ in range(2))
 
 
-def test_into_the_cache_it_writes_the_eager_rotary_embedding_of_its_own_projection():
+@pytest.mark.parametrize("biased", [False, True], ids=["no bias", "bias"])
+def test_into_the_cache_it_writes_the_eager_rotary_embedding_of_its_own_projection(biased):
     weights = _weights()
     attention, residual = _rows(3)
     cos, sin = _rotary(3)
     positions = torch.tensor([5, 6, 11])
     k_cache, v_cache = _caches()
+    bias = torch.randn(NEXT, generator=torch.Generator().manual_seed(4)).bfloat16() if biased else None
     residual_out, query = decoder_chain_into_cache(attention, residual, *weights, cos, sin, positions, k_cache,
-                                                   v_cache, HEADS)
+                                                   v_cache, HEADS, bias)
     plain_residual, projected = decoder_chain(attention, residual, *weights)
     assert torch.equal(residual_out, plain_residual)
+    if biased:
+        projected = projected + bias   # eager's bfloat16 add
     heads = projected.view(3, HEADS + 2 * KV_HEADS, DIM).transpose(0, 1)   # [heads, rows, dim]
     turned = rotate(heads, cos, sin)
     assert torch.equal(query, turned[:HEADS].transpose(0, 1).reshape(3, HEADS * DIM))
@@ -172,6 +176,9 @@ def test_it_refuses_a_position_outside_the_cache_and_heads_that_do_not_fit():
     cos, sin = _rotary(1)
     with pytest.raises(ValueError, match="outside the cache"):
         decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([SLOTS]), *_caches(), HEADS)
+    with pytest.raises(ValueError, match="next_bias must be contiguous bfloat16"):
+        decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([0]), *_caches(), HEADS,
+                                 torch.zeros(NEXT - 1, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="no 3 \\+ 2 x 2 heads"):
         decoder_chain_into_cache(attention, residual, *weights, cos, sin, torch.tensor([0]), *_caches(), 3)
     with pytest.raises(ValueError, match="the layer's packed projections"):

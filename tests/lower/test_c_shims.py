@@ -1,5 +1,5 @@
-"""A CPU package calls specc's quantized matmul and row attention as C functions, not through
-its proxy executor, and computes what eager PyTorch does."""
+"""A CPU package calls specc's quantized matmul, row attention and decoder chains as C functions,
+not through its proxy executor, and computes what eager PyTorch does."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import zipfile
 import torch
 
 from specc.lower import c_shims
+from tests.kernels.test_decoder_chain import HEADS, NEXT, _caches, _rotary, _rows, _weights
 from tests.lower.quantized_layer import QuantizedLayer, example_inputs
 
 
@@ -44,3 +45,43 @@ def test_a_package_calls_the_shims_directly_and_computes_the_same_bits(tmp_path)
     c_shims.expose(traced, torch.device("cpu"))
     loaded = torch._inductor.aoti_load_package(path)
     assert torch.equal(loaded(*example), module(*example))
+
+
+class BiasedLayerIntoCache(torch.nn.Module):
+    """A decoder chain taken on to the caches with Qwen2's q/k/v bias, its weights the module's own."""
+
+    def __init__(self):
+        super().__init__()
+        weights = _weights()
+        self.register_buffer("pack", weights[0])
+        self.register_buffer("post_norm", weights[1])
+        self.register_buffer("next_norm", weights[2])
+        self.register_buffer("bias", torch.randn(NEXT, generator=torch.Generator().manual_seed(4)).bfloat16())
+        self.sizes = weights[3:]
+
+    def forward(self, attention, residual, cos, sin, positions, k_cache, v_cache):
+        return torch.ops.specc.decoder_chain_into_cache(attention, residual, self.pack, self.post_norm, self.next_norm,
+                                                        *self.sizes, cos, sin, positions, k_cache, v_cache, HEADS,
+                                                        self.bias)
+
+
+def test_a_package_hands_the_chain_its_optional_bias(tmp_path):
+    module = BiasedLayerIntoCache()
+    cos, sin = _rotary(2)
+    example = (*_rows(2), cos, sin, torch.tensor([3, 4]), *_caches())
+    exported = torch.export.export(module, example)
+    with torch._inductor.config.patch(c_shims.shim_config(exported.module(), torch.device("cpu"))):
+        path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "chain.pt2"))
+    with zipfile.ZipFile(path) as package:
+        wrapper = next(package.read(name).decode() for name in package.namelist() if name.endswith("wrapper.cpp"))
+    assert "aoti_torch_cpu_decoder_chain_into_cache(" in wrapper
+
+    c_shims.expose(exported.module(), torch.device("cpu"))
+    loaded = torch._inductor.aoti_load_package(path)
+    packaged_caches, eager_caches = _caches(), _caches()
+    got = loaded(*example[:5], *packaged_caches)
+    want = module(*example[:5], *eager_caches)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(packaged_caches, eager_caches)) and eager_caches[0].any()
+    unbiased = torch.ops.specc.decoder_chain_into_cache(*example[:2], *_weights(), *example[2:5], *_caches(), HEADS)
+    assert not torch.equal(unbiased[1], want[1])

@@ -31,9 +31,9 @@ def _quantized(family: str):
     return quantized, captured.architecture
 
 
-# Llama's layers run from their attention to the next one's cache writes; Qwen2's q/k/v biases keep
-# its rotary embedding, so its attention, apart.
-FUSED_AS = {"llama": DECODER_LAYER, "qwen2": DECODER_CHAIN}
+# Llama's and Qwen2's layers run from their attention to the next one's cache writes (Qwen2's
+# q/k/v biases added on the way).
+FUSED_AS = {"llama": DECODER_LAYER, "qwen2": DECODER_LAYER}
 CHAINS = (DECODER_CHAIN, DECODER_CHAIN_INTO_CACHE, DECODER_LAYER)
 
 
@@ -103,6 +103,23 @@ def test_a_layer_s_weights_are_one_pack_shared_by_the_graphs_of_a_program(graphs
                      for _ in range(2))
     assert [p.data_ptr() for p in _packs(first)] == [p.data_ptr() for p in _packs(second)]
     assert torch.equal(_packs(first)[0], pack_layer(o, gate_up, down, next_weight, 3))
+
+
+def test_qwen2_s_biases_are_stacked_once_and_leave_no_add_behind():
+    quantized, _ = _quantized("qwen2")
+    store = {}
+    first, second = (FuseDecoderChain(store=store)(graph_copy(quantized)).graph_module for _ in range(2))
+    biases = [[named_operands(node.target, node.args)["next_bias"] for node in gm.graph.nodes if node.target in CHAINS]
+              for gm in (first, second)]
+    assert all(b is not None for b in biases[0])
+    stacked = attribute(first, biases[0][0].target)
+    layer = "model.layers.1.self_attn."
+    parts = [attribute(quantized, f"{layer}{name}_proj.bias") for name in "qkv"]
+    assert biases[0][0].target == f"{layer}q_proj_k_proj_v_proj_bias" and torch.equal(stacked, torch.cat(parts))
+    assert stacked.data_ptr() == attribute(second, biases[1][0].target).data_ptr()
+    bias_adds = [node for node in first.graph.nodes if node.target == torch.ops.aten.add.Tensor
+                 and any(getattr(a, "op", None) == "get_attr" and a.target.endswith("_proj.bias") for a in node.args)]
+    assert len(bias_adds) == 3   # the first layer's, whose q/k/v no chain computes
 
 
 def test_a_graph_without_blocked_matmuls_is_left_alone():

@@ -9,7 +9,8 @@
 // shares of the four projections follow one another, so the memory streams on into the next
 // phase's weights while the threads meet. Optionally the
 // region starts with the layer's row attention (row_attention.h) and ends with the next
-// attention's operands: q and k rotated, k and v written into the caches (CacheWrite).
+// attention's operands: q/k/v plus their bias if any, q and k rotated, k and v written into the
+// caches (CacheWrite).
 //
 // The arithmetic is the eager bfloat16 graph's, each step rounded to bfloat16 where PyTorch's
 // would be: a + b, then the norm x * rsqrt(mean(x^2) + eps) in fp32 rounded, times its weight
@@ -207,13 +208,20 @@ void rotate(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, int dim
     }
 }
 
-// Heads [first, last) of the rows' q/k/v: q heads rotated into the query, k heads rotated into the
-// key cache, v heads copied into the value cache, each at its row's position.
+// Heads [first, last) of the rows' q/k/v, each plus its bias (rounded) where there is one: q heads
+// rotated into the query, k heads rotated into the key cache, v heads copied into the value cache,
+// each at its row's position.
 void write_heads(const uint16_t* qkv, int rows, const CacheWrite& w, int first, int last) {
     const int dim = w.head_dim, features = (w.heads + 2 * w.kv_heads) * dim;
+    std::vector<uint16_t> biased(w.bias ? dim : 0);
     for (int head = first; head < last; ++head) {
         for (int r = 0; r < rows; ++r) {
             const uint16_t* x = qkv + static_cast<int64_t>(r) * features + static_cast<int64_t>(head) * dim;
+            if (w.bias) {
+                const uint16_t* b = w.bias + static_cast<int64_t>(head) * dim;
+                for (int d = 0; d < dim; ++d) biased[d] = round_bf16(bf16_to_float(x[d]) + bf16_to_float(b[d]));
+                x = biased.data();
+            }
             const uint16_t* cos = w.cos + static_cast<int64_t>(r) * dim;
             const uint16_t* sin = w.sin + static_cast<int64_t>(r) * dim;
             const int64_t position = w.positions[r];

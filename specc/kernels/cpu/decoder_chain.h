@@ -31,8 +31,9 @@ struct Chain {
 };
 
 // The next projection's q/k/v ([heads | kv_heads | kv_heads] heads of head_dim) taken further:
-// the rotary embedding on q and k (Llama's rotate-half form, in eager bfloat16 steps), k and v
-// written into the caches at each row's position, q returned.
+// their bias added where there is one (Qwen2's), the rotary embedding on q and k (Llama's
+// rotate-half form, in eager bfloat16 steps), k and v written into the caches at each row's
+// position, q returned.
 struct CacheWrite {
     const uint16_t* cos;         // [rows, head_dim]
     const uint16_t* sin;         // [rows, head_dim]
@@ -43,6 +44,7 @@ struct CacheWrite {
     int64_t capacity;
     int heads, kv_heads, head_dim;
     uint16_t* query;             // [rows, heads * head_dim]
+    const uint16_t* bias;        // [(heads + 2 kv_heads) * head_dim], q's then k's then v's; or null
 };
 
 // residual_out [rows, hidden] and, without `cache`, next_out [rows, next features]; with it, the

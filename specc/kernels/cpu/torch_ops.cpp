@@ -138,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor> chain_into_cache(
         int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, int64_t packed_threads,
         double eps, const at::Tensor& cos, const at::Tensor& sin,
         const at::Tensor& positions_in, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads,
-        const specc_cpu::RowAttention* attended) {
+        const std::optional<at::Tensor>& next_bias, const specc_cpu::RowAttention* attended) {
     std::array<at::Tensor, 2> held;
     const specc_cpu::Chain c = chain_of(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits,
                                         down_bits, next_bits, intermediate, next_features, packed_threads, eps, held);
@@ -159,7 +159,8 @@ std::tuple<at::Tensor, at::Tensor> chain_into_cache(
         reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
         {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
         static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
-        reinterpret_cast<uint16_t*>(query.data_ptr())};
+        reinterpret_cast<uint16_t*>(query.data_ptr()),
+        next_bias.has_value() ? bf16_rows("next_bias", *next_bias, 1, c.next.features) : nullptr};
     const int status = specc_cpu::decoder_chain(c, &w, attended, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
                                                 nullptr);
     TORCH_CHECK_VALUE(status == 0, "decoder_chain_into_cache refused its arguments (status ", status, "): q/k/v of ",
@@ -174,10 +175,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
         const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits,
         int64_t down_bits, int64_t next_bits, int64_t intermediate, int64_t next_features, int64_t packed_threads,
         double eps, const at::Tensor& cos, const at::Tensor& sin,
-        const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+        const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads,
+        const std::optional<at::Tensor>& next_bias) {
     return chain_into_cache(attention, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
                             next_bits, intermediate, next_features, packed_threads, eps, cos, sin, positions, k_cache,
-                            v_cache, heads, nullptr);
+                            v_cache, heads, next_bias, nullptr);
 }
 
 // decoder_chain_into_cache after the layer's row attention of `query` over `key` and `value`
@@ -186,8 +188,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
         const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in, const at::Tensor& mask,
         double scale, const at::Tensor& residual, const at::Tensor& weights, const at::Tensor& post_norm,
         const at::Tensor& next_norm, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
-        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
-        at::Tensor& v_cache, int64_t heads) {
+        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, const at::Tensor& cos,
+        const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads,
+        const std::optional<at::Tensor>& next_bias) {
     TORCH_CHECK_VALUE(query_in.dim() == 4 && key_in.dim() == 4 && value_in.dim() == 4 && mask.dim() == 4
                     && query_in.scalar_type() == at::kBFloat16 && key_in.scalar_type() == at::kBFloat16
                     && value_in.scalar_type() == at::kBFloat16 && mask.scalar_type() == at::kBool,
@@ -215,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     // the chain's attention rows are the attention's output: `residual` stands in for their shape
     return chain_into_cache(residual, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
                             next_bits, intermediate, next_features, packed_threads, eps, cos, sin, positions, k_cache,
-                            v_cache, heads, &a);
+                            v_cache, heads, next_bias, &a);
 }
 
 at::Tensor row_attention(const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in,
@@ -282,6 +285,11 @@ const at::Tensor& tensor_of(AtenTensorHandle handle) {
     return *torch::aot_inductor::tensor_handle_to_tensor_pointer(handle);
 }
 
+// An optional tensor as a package passes it: a pointer to its handle, null for None.
+std::optional<at::Tensor> optional_tensor(AtenTensorHandle* handle) {
+    return handle && *handle ? std::optional<at::Tensor>(tensor_of(*handle)) : std::nullopt;
+}
+
 // A decoder chain's two outputs handed to the package as new handles.
 void hand_over(std::tuple<at::Tensor, at::Tensor> outputs, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
     *ret0 = torch::aot_inductor::new_tensor_handle(std::move(std::get<0>(outputs)));
@@ -317,14 +325,15 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_chain_into_cache(
         AtenTensorHandle attention, AtenTensorHandle residual, AtenTensorHandle weights, AtenTensorHandle post_norm,
         AtenTensorHandle next_norm, int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
         int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
-        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* next_bias, AtenTensorHandle* ret0,
+        AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
         hand_over(decoder_chain_into_cache(
                       tensor_of(attention), tensor_of(residual), tensor_of(weights), tensor_of(post_norm),
                       tensor_of(next_norm), o_bits, gate_up_bits, down_bits, next_bits, intermediate, next_features,
                       packed_threads, eps, tensor_of(cos), tensor_of(sin),
-                      tensor_of(positions), keys, values, heads),
+                      tensor_of(positions), keys, values, heads, optional_tensor(next_bias)),
                   ret0, ret1);
     });
 }
@@ -334,14 +343,16 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_layer(
         AtenTensorHandle residual, AtenTensorHandle weights, AtenTensorHandle post_norm, AtenTensorHandle next_norm,
         int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate,
         int64_t next_features, int64_t packed_threads, double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, AtenTensorHandle k_cache,
-        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+        AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* next_bias, AtenTensorHandle* ret0,
+        AtenTensorHandle* ret1) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::Tensor keys = tensor_of(k_cache), values = tensor_of(v_cache);
         hand_over(decoder_layer(
                       tensor_of(query), tensor_of(key), tensor_of(value), tensor_of(mask), scale, tensor_of(residual),
                       tensor_of(weights), tensor_of(post_norm), tensor_of(next_norm), o_bits, gate_up_bits, down_bits,
                       next_bits, intermediate, next_features, packed_threads, eps,
-                      tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads),
+                      tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads,
+                      optional_tensor(next_bias)),
                   ret0, ret1);
     });
 }
