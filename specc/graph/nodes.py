@@ -81,6 +81,22 @@ def attribute(root: torch.nn.Module, target: str) -> torch.Tensor:
     return value
 
 
+def stacked_name(targets: list[str]) -> str:
+    """One name for sibling tensors stacked end to end, on their common owner, ending in their own
+    leaf: `…mlp.gate_proj.weight` + `…mlp.up_proj.weight` -> `…mlp.gate_proj_up_proj_weight`
+    (`…self_attn.q_proj.bias`, … -> `…self_attn.q_proj_k_proj_v_proj_bias`); targets without an owner
+    are joined whole."""
+    if not all("." in target for target in targets):
+        return "_".join(target.replace(".", "_") for target in targets)
+    owners = [target.rpartition(".")[0] for target in targets]
+    leaf = targets[0].rpartition(".")[2]
+    parent = owners[0].rpartition(".")[0]
+    if any(owner.rpartition(".")[0] != parent for owner in owners):
+        parent = ""
+    leaves = "_".join(owner.rpartition(".")[2] if parent else owner.replace(".", "_") for owner in owners)
+    return f"{parent}.{leaves}_{leaf}" if parent else f"{leaves}_{leaf}"
+
+
 def output_node(graph: fx.Graph) -> fx.Node:
     return next(n for n in reversed(graph.nodes) if n.op == "output")
 

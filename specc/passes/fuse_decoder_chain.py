@@ -33,7 +33,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import attribute, graph_modules
+from specc.graph.nodes import attribute, graph_modules, stacked_name
 from specc.graph.tidy import tidy
 from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (register torch.ops.specc.*)
 from specc.passes.base import GraphPass, PassResult
@@ -72,7 +72,8 @@ class FuseDecoderChain(GraphPass):
                     writes = match_cache_write(chain.next_matmul)
                     if writes is not None and writes.biases is not None:
                         writes.bias = self._stacked_bias(module, writes.biases, chain.next_matmul.args[3])
-                        writes = writes if writes.bias is not None else None
+                        if writes.bias is None:
+                            writes = None
                     chain.pack, chain.packed_threads = self._pack(module, chain), self.packed_threads
                     added.append(chain.pack)
                     inserted.append((_fuse_into_cache(module, chain, writes) if writes else _fuse(module, chain)).name)
@@ -91,12 +92,7 @@ class FuseDecoderChain(GraphPass):
         key = (*(t.data_ptr() for t in tensors), self.packed_threads)
         if key not in self.store:
             self.store[key] = decoder_chain.pack_layer(*tensors, self.packed_threads)
-        owner_path, _, leaf = targets[0].rpartition(".")
-        owner, buffer = module.get_submodule(owner_path), f"{leaf}_then_{targets[3].replace('.', '_')}"
-        if not hasattr(owner, buffer):
-            owner.register_buffer(buffer, self.store[key])
-        return f"{owner_path}.{buffer}" if owner_path else buffer
-
+        return _buffer(module, f"{targets[0]}_then_{targets[3].replace('.', '_')}", self.store[key])
 
     def _stacked_bias(self, module: fx.GraphModule, targets: list[str], features: int) -> str | None:
         """q's, k's and v's biases end to end as one buffer of `module` (`…q_proj_k_proj_v_proj_bias`),
@@ -107,21 +103,16 @@ class FuseDecoderChain(GraphPass):
         key = ("bias", *(t.data_ptr() for t in tensors))
         if key not in self.store:
             self.store[key] = torch.cat(tensors)
-        owner_path, buffer = _stacked_bias_name(targets)
-        owner = module.get_submodule(owner_path)
-        if not hasattr(owner, buffer):
-            owner.register_buffer(buffer, self.store[key])
-        return f"{owner_path}.{buffer}" if owner_path else buffer
+        return _buffer(module, stacked_name(targets), self.store[key])
 
 
-def _stacked_bias_name(targets: list[str]) -> tuple[str, str]:
-    """(owner, buffer) for biases stacked end to end: `…self_attn.q_proj.bias` and its siblings ->
-    (`…self_attn`, `q_proj_k_proj_v_proj_bias`); the graph's own attribute when they share no owner."""
-    owners = [target.rpartition(".")[0] for target in targets]
-    parents = {owner.rpartition(".")[0] for owner in owners}
-    if all(owners) and len(parents) == 1 and all("." in owner for owner in owners):
-        return parents.pop(), "_".join(owner.rpartition(".")[2] for owner in owners) + "_bias"
-    return "", "_".join(target.replace(".", "_") for target in targets) + "_stacked"
+def _buffer(module: fx.GraphModule, dotted: str, tensor: torch.Tensor) -> str:
+    """`tensor` as a buffer of `module` under `dotted` (its owner must exist), unless one is there already."""
+    owner_path, _, leaf = dotted.rpartition(".")
+    owner = module.get_submodule(owner_path)
+    if not hasattr(owner, leaf):
+        owner.register_buffer(leaf, tensor)
+    return dotted
 
 
 class Chain:
@@ -202,7 +193,7 @@ def _fuse_into_cache(module: fx.GraphModule, chain: Chain, writes: CacheWrites) 
     with graph.inserting_before(chain.residual_out):
         operands = _chain_operands(graph, chain)
         cache = (writes.cos, writes.sin, writes.positions, writes.k_cache, writes.v_cache, writes.heads)
-        if writes.biases:
+        if writes.bias is not None:
             cache += (graph.get_attr(writes.bias),)
         if attention is None:
             fused = graph.call_function(DECODER_CHAIN_INTO_CACHE, (*operands, *cache))
@@ -379,8 +370,9 @@ class CacheWrites:
 
 def match_cache_write(projection: fx.Node) -> CacheWrites | None:
     """The rotary embedding and cache writes a q/k/v `projection` feeds, else None: q, k, v its
-    column slices in that order, each plus a bias (all three or none: `biases`, their targets) and viewed as heads (`[1, s, -1, head_dim]`,
-    transposed), q and k rotated by one cos and sin, k and v written into caches at one set of
+    column slices in that order, each plus a bias (all three or none: `biases`, their targets; `bias`,
+    the stacked buffer, is the pass's to set) and viewed as heads (`[1, s, -1, head_dim]`, transposed),
+    q and k rotated by one cos and sin, k and v written into caches at one set of
     positions, every step used there alone."""
     slices = sorted(_users(projection), key=lambda n: n.args[2] if _calls(n, aten.slice.Tensor) else -1)
     if len(slices) != 3 or not all(_calls(n, aten.slice.Tensor) and n.args[1] == 1 for n in slices):
@@ -409,7 +401,7 @@ def match_cache_write(projection: fx.Node) -> CacheWrites | None:
     return CacheWrites(query=q_rope[0], query_view=q_view, cos=q_rope[1], sin=q_rope[2],
                        positions=k_write.args[1][2], k_cache=k_write.args[0], v_cache=v_write.args[0],
                        k_write=k_write, v_write=v_write, heads=width // head_dim,
-                       biases=[b.target for b in biases] if q_bias is not None else None)
+                       biases=[b.target for b in biases] if q_bias is not None else None, bias=None)
 
 
 def _as_heads(columns: fx.Node) -> tuple[fx.Node, list, fx.Node | None] | None:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import FROZEN_COPIES, attribute, is_linear
+from specc.graph.nodes import FROZEN_COPIES, attribute, is_linear, stacked_name
 from specc.graph.tidy import tidy
 from specc.passes.base import GraphPass, PassResult, new_nodes
 from specc.quantize.schemes import BLOCKED, Scheme, scheme_for
@@ -127,7 +127,7 @@ class QuantizeLinearWeights(GraphPass):
             parts = [self._packed(t)[1] for t in tensors]
             self.store[key] = self.scheme, {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
         _, packed = self.store[key]
-        names = _register(module, _stacked_name(targets), packed)
+        names = _register(module, stacked_name(targets), packed)
         with module.graph.inserting_before(group[0]):
             nodes = {k: module.graph.get_attr(name) for k, name in names.items()}
         _replace_siblings(module.graph, group, self.scheme, nodes, [t.shape for t in tensors])
@@ -213,17 +213,6 @@ def _finish_linear(graph: fx.Graph, linear: fx.Node, result: fx.Node, out_featur
     result.meta.update({k: v for k, v in linear.meta.items() if k not in ("val", "tensor_meta")})
     linear.replace_all_uses_with(result)
     graph.erase_node(linear)
-
-
-def _stacked_name(targets: list[str]) -> str:
-    """`…mlp.gate_proj.weight` + `…mlp.up_proj.weight` -> `…mlp.gate_proj_up_proj_weight`: a name
-    on their common owner."""
-    owners = [target.rpartition(".")[0] for target in targets]
-    parent = owners[0].rpartition(".")[0]
-    if any(owner.rpartition(".")[0] != parent for owner in owners):
-        parent = ""
-    leaves = "_".join(owner.rpartition(".")[2] if parent else owner.replace(".", "_") for owner in owners)
-    return f"{parent}.{leaves}_weight" if parent else f"{leaves}_weight"
 
 
 def _replace_siblings(graph: fx.Graph, group: list[fx.Node], scheme: Scheme, packed: dict[str, fx.Node],

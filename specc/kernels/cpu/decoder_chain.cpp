@@ -213,7 +213,8 @@ void rotate(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, int dim
 // each at its row's position.
 void write_heads(const uint16_t* qkv, int rows, const CacheWrite& w, int first, int last) {
     const int dim = w.head_dim, features = (w.heads + 2 * w.kv_heads) * dim;
-    std::vector<uint16_t> biased(w.bias ? dim : 0);
+    thread_local std::vector<uint16_t> biased;   // a head plus its bias; kept, as the region's other scratch
+    biased.resize(w.bias ? dim : 0);
     for (int head = first; head < last; ++head) {
         for (int r = 0; r < rows; ++r) {
             const uint16_t* x = qkv + static_cast<int64_t>(r) * features + static_cast<int64_t>(head) * dim;
