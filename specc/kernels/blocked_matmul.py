@@ -188,7 +188,7 @@ def reference(rows: torch.Tensor, packed: torch.Tensor, bits: int, out_features:
 
 
 def vectorized() -> bool:
-    """Whether this machine's build runs the AVX-512 VNNI path (else the portable scalar one)."""
+    """Whether this machine's build runs a vector path, AVX-512 VNNI or AVX2 (else the portable scalar one)."""
     return bool(load_library(LIBRARY).specc_blocked_matmul_vectorized())
 
 
@@ -245,5 +245,5 @@ def blocked_matmul(rows: torch.Tensor, packed: torch.Tensor, bits: int, out_feat
 
 
 def scalar_blocked_matmul(rows: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """The kernel's portable path, forced (what a CPU without AVX-512 VNNI runs): for tests."""
+    """The kernel's portable path, forced (what a CPU with neither AVX-512 VNNI nor AVX2 runs): for tests."""
     return _run(rows, packed, bits, out_features, scalar=True)

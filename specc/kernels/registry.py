@@ -34,7 +34,7 @@ KERNELS = {kernel.name: kernel for kernel in (
                             "tree of point-mass candidates, from given uniforms"),
     Kernel("blocked_matmul", "4-, 6- or 8-bit weights in blocks of 32 (8-bit scale and min under an fp16 pair "
                              "per 8 blocks) times activations "
-                             "quantized per row to int8, AVX-512 VNNI on the CPU, row-invariant"),
+                             "quantized per row to int8, AVX-512 VNNI or AVX2 on the CPU, row-invariant"),
     Kernel("row_attention", "masked attention with each head and query row computed on its own in fp32, "
                             "hidden keys never read, on the CPU, row-invariant",
            revision=2, revised="its output [batch, heads, rows, dim] is laid out [batch, rows, heads, dim] "

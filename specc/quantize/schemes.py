@@ -4,7 +4,7 @@
   Q4_1's arithmetic), stored as 8-bit sub-scales of an fp16 scale and min per 8
   blocks (GGUF's k-quant super-blocks): 4.625 bits a weight. Activations are
   quantized per row and block to int8 (llama.cpp's Q8_0); specc's own kernel
-  computes it (``torch.ops.specc.blocked_matmul``, AVX-512 VNNI; compiled on first
+  computes it (``torch.ops.specc.blocked_matmul``, AVX-512 VNNI or AVX2; compiled on first
   use). The LM head takes ``q8``, or ``q6`` where the GGUF it came from stores it in
   6 bits or fewer (llama.cpp's Q4_K_M keeps it at Q6_K; `head_bits_for`). A weight
   whose shape the kernel's tiles do not fit (outputs a multiple of 16, inputs of

@@ -124,6 +124,44 @@ void quantize_rows_vector(const uint16_t* x, int rows, int k, QuantizedRows& out
         }
     }
 }
+#elif defined(__AVX2__)
+// The scalar quantizer's arithmetic on 8 lanes (the same bytes, scales and sums, as above).
+void quantize_rows_vector(const uint16_t* x, int rows, int k, QuantizedRows& out) {
+    const int blocks = k / kBlock;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i byte_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int r = 0; r < rows; ++r) {
+        for (int b = 0; b < blocks; ++b) {
+            const uint16_t* src = x + static_cast<size_t>(r) * k + b * kBlock;
+            __m256 v[4];
+            __m256 largest = _mm256_setzero_ps();
+            for (int q = 0; q < 4; ++q) {
+                const __m128i eight = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * q));
+                v[q] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(eight), 16));
+                largest = _mm256_max_ps(largest, _mm256_and_ps(v[q], magnitude));
+            }
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_movehdup_ps(m));
+            const float scale = _mm_cvtss_f32(m) / 127.f;
+            const __m256 inverse = _mm256_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
+            __m256i q32[4];
+            __m256i sum = _mm256_setzero_si256();
+            for (int q = 0; q < 4; ++q) {
+                q32[q] = _mm256_cvtps_epi32(_mm256_mul_ps(v[q], inverse));
+                sum = _mm256_add_epi32(sum, q32[q]);
+            }
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
+            int8_t* q = out.values.data() + static_cast<size_t>(r) * k + b * kBlock;
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, byte_order));
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+            out.scales[static_cast<size_t>(r) * blocks + b] = scale;
+            out.sums[static_cast<size_t>(r) * blocks + b] = scale * static_cast<float>(_mm_cvtsi128_si32(s));
+        }
+    }
+}
 #endif
 
 }  // namespace
@@ -133,7 +171,7 @@ void specc_cpu::quantize_rows(const uint16_t* x, int rows, int k, QuantizedRows&
     out.values.resize(static_cast<size_t>(rows) * k);
     out.scales.resize(static_cast<size_t>(rows) * blocks);
     out.sums.resize(static_cast<size_t>(rows) * blocks);
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || defined(__AVX2__)
     if (!scalar) return quantize_rows_vector(x, rows, k, out);
 #endif
     quantize_rows_scalar(x, rows, k, out);
@@ -292,6 +330,144 @@ void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, i
         default: tile_rows_vector<Bits, 4>(tile, blocks, a, k, r0, out); break;
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+constexpr bool kVector = true;
+
+// The lines of this block's share of its group (`per_block` bytes, whole lines) requested ahead.
+inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
+    const size_t begin = per_block * j, end = per_block * (j + 1);
+    for (size_t line = begin; line < end; line += kLine) {
+        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
+    }
+}
+
+// The 4-bit halves of 32 bytes: low nibbles, and high nibbles as bytes.
+inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+inline __m256i high_nibbles(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
+
+// Unsigned weight bytes times one row's signed activation bytes, 4 to a 32-bit lane, added into
+// 16-bit pairs (maddubs; AVX2 has no VNNI). Pairs of nibbles times int8 stay within 16 bits for 8
+// such sums (8 * 2 * 15 * 127), of 6-bit values for 2 (2 * 2 * 63 * 127); 8-bit values are split
+// into nibbles. The integer dot products are exact, so each lane equals the VNNI and scalar paths.
+inline __m256i pair_sums(__m256i weights, int32_t activations) {
+    return _mm256_maddubs_epi16(weights, _mm256_set1_epi32(activations));
+}
+
+inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// One block's integer dot products for 8 features (half h of the tile's 16) with each row.
+template <int Bits, int Count>
+inline void block_dots(const uint8_t* values, int h, const int32_t* const (&qa)[Count], __m256i (&dot)[Count]) {
+    const uint8_t* half = values + 32 * h;
+    if (Bits == 4) {
+        __m256i pairs[Count];
+        for (int r = 0; r < Count; ++r) pairs[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
+            const __m256i low = low_nibbles(v), high = high_nibbles(v);
+            for (int r = 0; r < Count; ++r) {
+                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(low, qa[r][c]));
+                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(high, qa[r][c + 4]));
+            }
+        }
+        for (int r = 0; r < Count; ++r) dot[r] = lane_sums(pairs[r]);
+    } else if (Bits == 6) {
+        __m256i w[8];
+        for (int c = 0; c < 4; ++c) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
+            w[c] = low_nibbles(v);
+            w[c + 4] = high_nibbles(v);
+        }
+        const __m256i two_bits = _mm256_set1_epi8(3);
+        for (int hh = 0; hh < 2; ++hh) {
+            const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 256 + 64 * hh));
+            for (int s = 0; s < 4; ++s) {
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(top, 2 * s), two_bits);
+                w[4 * hh + s] = _mm256_or_si256(w[4 * hh + s], _mm256_slli_epi16(high, 4));
+            }
+        }
+        for (int r = 0; r < Count; ++r) {
+            dot[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c += 2) {
+                const __m256i pairs = _mm256_add_epi16(pair_sums(w[c], qa[r][c]), pair_sums(w[c + 1], qa[r][c + 1]));
+                dot[r] = _mm256_add_epi32(dot[r], lane_sums(pairs));
+            }
+        }
+    } else {
+        __m256i low_pairs[Count], high_pairs[Count];
+        for (int r = 0; r < Count; ++r) low_pairs[r] = high_pairs[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
+            const __m256i low = low_nibbles(v), high = high_nibbles(v);
+            for (int r = 0; r < Count; ++r) {
+                low_pairs[r] = _mm256_add_epi16(low_pairs[r], pair_sums(low, qa[r][c]));
+                high_pairs[r] = _mm256_add_epi16(high_pairs[r], pair_sums(high, qa[r][c]));
+            }
+        }
+        for (int r = 0; r < Count; ++r) {
+            dot[r] = _mm256_add_epi32(lane_sums(low_pairs[r]), _mm256_slli_epi32(lane_sums(high_pairs[r]), 4));
+        }
+    }
+}
+
+template <int Bits, int Count>
+void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0,
+                      float (*out)[kTile]) {
+    __m256 acc[Count][2];
+    for (int r = 0; r < Count; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const uint8_t* group = tile;
+    for (int first = 0; first < blocks; first += kGroup) {
+        const int size = std::min(kGroup, blocks - first);
+        const size_t bytes = group_bytes<Bits>(size);
+        const size_t per_block = bytes / size / kLine * kLine;
+        __m256 group_scales[2], group_mins[2];
+        for (int h = 0; h < 2; ++h) {
+            group_scales[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16 * h)));
+            group_mins[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 2 * kTile + 16 * h)));
+        }
+        const uint8_t* sub_scales = group + 4 * kTile;
+        const uint8_t* sub_mins = sub_scales + kTile * size;
+        for (int j = 0; j < size; ++j) {
+            const int b = first + j;
+            prefetch_share(group, per_block, j);
+            const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
+            const int32_t* qa[Count];
+            for (int r = 0; r < Count; ++r) {
+                qa[r] = reinterpret_cast<const int32_t*>(a.values.data() + static_cast<size_t>(r0 + r) * k + b * kBlock);
+            }
+            for (int h = 0; h < 2; ++h) {
+                const __m256 scales = _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + kTile * j + 8 * h)))));
+                const __m256 mins = _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
+                __m256i dot[Count];
+                block_dots<Bits, Count>(values, h, qa, dot);
+                for (int r = 0; r < Count; ++r) {
+                    const size_t row = static_cast<size_t>(r0 + r);
+                    const __m256 scale = _mm256_mul_ps(scales, _mm256_set1_ps(a.scales[row * blocks + b]));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.sums[row * blocks + b]), acc[r][h]);
+                }
+            }
+        }
+        group += bytes;
+    }
+    for (int r = 0; r < Count; ++r) {
+        _mm256_storeu_ps(out[r], acc[r][0]);
+        _mm256_storeu_ps(out[r] + 8, acc[r][1]);
+    }
+}
+
+template <int Bits>
+void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0, int count,
+               float (*out)[kTile]) {
+    switch (count) {
+        case 1: tile_rows_vector<Bits, 1>(tile, blocks, a, k, r0, out); break;
+        case 2: tile_rows_vector<Bits, 2>(tile, blocks, a, k, r0, out); break;
+        case 3: tile_rows_vector<Bits, 3>(tile, blocks, a, k, r0, out); break;
+        default: tile_rows_vector<Bits, 4>(tile, blocks, a, k, r0, out); break;
+    }
+}
 #else
 constexpr bool kVector = false;
 
@@ -306,6 +482,11 @@ void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, i
 inline void store_rounded(const float* out, uint16_t* dst, bool scalar) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (!scalar) return specc_cpu::store_bf16x16(dst, _mm512_loadu_ps(out));
+#elif defined(__AVX2__)
+    if (!scalar) {
+        specc_cpu::store_bf16x8(dst, _mm256_loadu_ps(out));
+        return specc_cpu::store_bf16x8(dst + 8, _mm256_loadu_ps(out + 8));
+    }
 #endif
     for (int f = 0; f < kTile; ++f) dst[f] = float_to_bf16(out[f]);
 }

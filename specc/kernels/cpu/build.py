@@ -6,7 +6,7 @@ specc's CPU library (`NATIVE`) holds every kernel of this folder and, in
 plain C entry points stay reachable through ctypes (the portable path, for tests).
 A library is built with the host's C++ compiler (`CXX`, else `g++`, else `c++`)
 for the host's CPU (`-march=native`: the kernels pick AVX-512 VNNI when the CPU has
-it), with OpenMP, against the installed torch's headers and libraries, into
+it, else AVX2 with FMA and F16C), with OpenMP, against the installed torch's headers and libraries, into
 `<specc cache>/kernels/<name>-<key>.so`; the key hashes the sources, the compiler's
 version, the flags, torch's version and the CPU's model and flags, so another CPU,
 torch or a changed source builds its own. The library links the OpenMP runtime

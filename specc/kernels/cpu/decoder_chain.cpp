@@ -77,6 +77,32 @@ void add_norm_row16(const uint16_t* a, const uint16_t* b, const uint16_t* weight
         if (sum) specc_cpu::store_bf16x16(sum + i, v);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// add_norm's row on 8 lanes for CPUs without AVX-512: two registers stand for the 16 lanes, so the
+// squares are summed in the same lanes and order as above.
+void add_norm_row16(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int hidden, float eps, float* h,
+                    uint16_t* sum, uint16_t* out) {
+    __m256 squares[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < hidden; i += kLanes) {
+        for (int q = 0; q < 2; ++q) {
+            const int at = i + 8 * q;
+            const __m256 v = specc_cpu::rounded8(_mm256_add_ps(specc_cpu::bf16x8_to_float(a + at),
+                                                               specc_cpu::bf16x8_to_float(b + at)));
+            _mm256_storeu_ps(h + at, v);
+            squares[q] = _mm256_fmadd_ps(v, v, squares[q]);
+        }
+    }
+    alignas(32) float lanes[kLanes];
+    _mm256_store_ps(lanes, squares[0]);
+    _mm256_store_ps(lanes + 8, squares[1]);
+    const __m256 inverse = _mm256_set1_ps(1.f / std::sqrt(lane_sum(lanes) / static_cast<float>(hidden) + eps));
+    for (int i = 0; i < hidden; i += 8) {
+        const __m256 v = _mm256_loadu_ps(h + i);
+        const __m256 scaled = specc_cpu::rounded8(_mm256_mul_ps(v, inverse));
+        specc_cpu::store_bf16x8(out + i, _mm256_mul_ps(specc_cpu::bf16x8_to_float(weight + i), scaled));
+        if (sum) specc_cpu::store_bf16x8(sum + i, v);
+    }
+}
 #endif
 
 // sum = a + b rounded; normed = weight * rounded(sum * rsqrt(mean(sum^2) + eps)), rounded: RMSNorm
@@ -91,7 +117,7 @@ void add_norm(const uint16_t* a, const uint16_t* b, const uint16_t* weight, int 
         const uint16_t* br = b + static_cast<int64_t>(r) * hidden;
         uint16_t* out = normed + static_cast<int64_t>(r) * hidden;
         uint16_t* s = sum ? sum + static_cast<int64_t>(r) * hidden : nullptr;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
         if (!scalar) {
             add_norm_row16(ar, br, weight, hidden, eps, h, s, out);
             continue;
@@ -138,6 +164,18 @@ void gated(const uint16_t* gate_up, int rows, int intermediate, int first, int l
                 const __m512 numerator = _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), x, e);
                 const __m512 s = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
                 specc_cpu::store_bf16x16(out + f, _mm512_mul_ps(specc_cpu::rounded16(s), u));
+            }
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        if (!scalar) {
+            const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+            const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+            for (; f + 8 <= last; f += 8) {
+                const __m256 x = specc_cpu::bf16x8_to_float(gate + f), u = specc_cpu::bf16x8_to_float(up + f);
+                const __m256 e = specc_cpu::exp_nonpositive8(_mm256_sub_ps(zero, _mm256_and_ps(x, magnitude)));
+                const __m256 numerator = _mm256_blendv_ps(x, _mm256_mul_ps(x, e), _mm256_cmp_ps(x, zero, _CMP_LT_OQ));
+                const __m256 s = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+                specc_cpu::store_bf16x8(out + f, _mm256_mul_ps(specc_cpu::rounded8(s), u));
             }
         }
 #endif

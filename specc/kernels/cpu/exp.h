@@ -49,4 +49,22 @@ inline __m512 exp_nonpositive16(__m512 x) {
 
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_nonpositive on 8 lanes, for CPUs without AVX-512.
+inline __m256 exp_nonpositive8(__m256 x) {
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                                   _mm256_set1_ps(0.5f)));
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187045e-06f)));
+    __m256 p = _mm256_set1_ps(1.f / 5040.f);
+    for (const float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    const __m256i exponent = _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                              _mm256_set1_epi32(1));
+    const __m256 two_n = _mm256_castsi256_ps(_mm256_slli_epi32(exponent, 23));
+    return _mm256_and_ps(_mm256_mul_ps(p, two_n), _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ));
+}
+#endif
+
 }  // namespace specc_cpu

@@ -47,6 +47,32 @@ inline float lanes_sum(float (&lanes)[kLanes]) {
     return lanes[0];
 }
 
+// Every cache line of one row of `dim` values asked of the memory, into the cache `Hint` names.
+template <int Hint, typename T>
+inline void request_row(const T* row, int dim) {
+    const char* bytes = reinterpret_cast<const char*>(row);
+    for (int64_t at = 0; at < static_cast<int64_t>(dim) * static_cast<int64_t>(sizeof(T)); at += 64) {
+        _mm_prefetch(bytes + at, static_cast<_mm_hint>(Hint));
+    }
+}
+
+// Every cache line of the n rows asked of the memory at once: a chunk's rows are read one after
+// another, too slowly for the hardware prefetcher to run far enough ahead in a short chunk.
+template <typename T>
+inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, int dim) {
+    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T0>(rows + seen[i] * stride, dim);
+}
+
+// The next chunk's `n` rows asked into L2 while this one is computed: in attention_by_chunk
+// most often the same thread's next task, whose rows a decode step finds cold (the weights
+// streamed since the last step have emptied the caches), and those asked at a chunk's start
+// come too late to keep the loop busy. Not in attention_by_row: there many rows read each
+// chunk, hot after the first, and the requests would only cost instructions.
+template <typename T>
+inline void request_next_chunk(const T* rows, int64_t stride, int n, int dim) {
+    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T1>(rows + i * stride, dim);
+}
+
 #if defined(__AVX512F__)
 constexpr bool kVector = true;
 
@@ -171,32 +197,6 @@ void weighted_sum(const float* weights, const T* values, int64_t value_stride, c
     }
 }
 
-// Every cache line of one row of `dim` values asked of the memory, into the cache `Hint` names.
-template <int Hint, typename T>
-inline void request_row(const T* row, int dim) {
-    const char* bytes = reinterpret_cast<const char*>(row);
-    for (int64_t at = 0; at < static_cast<int64_t>(dim) * static_cast<int64_t>(sizeof(T)); at += 64) {
-        _mm_prefetch(bytes + at, static_cast<_mm_hint>(Hint));
-    }
-}
-
-// Every cache line of the n rows asked of the memory at once: a chunk's rows are read one after
-// another, too slowly for the hardware prefetcher to run far enough ahead in a short chunk.
-template <typename T>
-inline void request_rows(const T* rows, int64_t stride, const int* seen, int n, int dim) {
-    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T0>(rows + seen[i] * stride, dim);
-}
-
-// The next chunk's `n` rows asked into L2 while this one is computed: in attention_by_chunk
-// most often the same thread's next task, whose rows a decode step finds cold (the weights
-// streamed since the last step have emptied the caches), and those asked at a chunk's start
-// come too late to keep the loop busy. Not in attention_by_row: there many rows read each
-// chunk, hot after the first, and the requests would only cost instructions.
-template <typename T>
-inline void request_next_chunk(const T* rows, int64_t stride, int n, int dim) {
-    for (int i = 0; i < n; ++i) request_row<_MM_HINT_T1>(rows + i * stride, dim);
-}
-
 // scores() for H query heads against the same keys, each key's K rows loaded once for all of
 // them: out[h][i] is head h's score of key i, the same arithmetic (so bits) as scores().
 template <int H, typename T>
@@ -269,6 +269,144 @@ void weighted_sums_of_heads(const float* const* weights, const T* values, int64_
         }
         for (int h = 0; h < H; ++h) {
             for (int c = 0; c < kChunks; ++c) _mm512_mask_storeu_ps(acc[h] + d0 + c * kLanes, masks[c], sums[h][c]);
+        }
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr bool kVector = true;
+using specc_cpu::exp_nonpositive8;
+
+// 16 lanes as two registers, for CPUs without AVX-512: lane l < 8 in lo, lane 8 + l in hi, so
+// every sum below runs in the lanes and order of the AVX-512 path and the scalar one.
+struct Lanes16 {
+    __m256 lo, hi;
+};
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return specc_cpu::bf16x8_to_float(p); }
+
+// Elements [d, d + 16) of a row of `dim`, zeros past its end.
+template <typename T>
+inline Lanes16 load16(const T* row, int d, int dim) {
+    if (d + kLanes <= dim) return {load8(row + d), load8(row + d + 8)};
+    alignas(32) float padded[kLanes] = {};
+    for (int i = d; i < dim; ++i) padded[i - d] = load<T>(row + i);
+    return {_mm256_load_ps(padded), _mm256_load_ps(padded + 8)};
+}
+
+// lanes_sum's order: halves (lo + hi), then quarters, pairs and the last two of those 8.
+inline float sum16(const Lanes16& v) {
+    const __m256 halves = _mm256_add_ps(v.lo, v.hi);
+    __m128 quarters = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
+    quarters = _mm_add_ps(quarters, _mm_movehl_ps(quarters, quarters));
+    return _mm_cvtss_f32(_mm_add_ss(quarters, _mm_movehdup_ps(quarters)));
+}
+
+// Lanes of q . k over d, each lane's chain in order of d.
+template <typename T>
+inline Lanes16 dot_lanes(const float* q, const T* k, int dim) {
+    Lanes16 acc{_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int d = 0; d < dim; d += kLanes) {
+        const Lanes16 qd = load16(q, d, dim), kd = load16(k, d, dim);
+        acc.lo = _mm256_fmadd_ps(qd.lo, kd.lo, acc.lo);
+        acc.hi = _mm256_fmadd_ps(qd.hi, kd.hi, acc.hi);
+    }
+    return acc;
+}
+
+template <typename T>
+void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = sum16(dot_lanes(q, keys + seen[i] * key_stride, dim));
+}
+
+// weights[i] = exp(weights[i] - max) in place; *top = max; returns their sum (lane l sums i = l mod 16).
+inline float softmax_numerators(float* weights, int n, float* top_out) {
+    float highest = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
+    *top_out = highest;
+    const __m256 top = _mm256_set1_ps(highest);
+    Lanes16 sums{_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < n; i += kLanes) {
+        const Lanes16 w = load16(weights, i, n);
+        const Lanes16 e{exp_nonpositive8(_mm256_sub_ps(w.lo, top)), exp_nonpositive8(_mm256_sub_ps(w.hi, top))};
+        alignas(32) float lanes[kLanes];
+        _mm256_store_ps(lanes, e.lo);
+        _mm256_store_ps(lanes + 8, e.hi);
+        const int valid = std::min(kLanes, n - i);
+        for (int l = 0; l < kLanes; ++l) lanes[l] = l < valid ? lanes[l] : 0.f;
+        std::copy(lanes, lanes + valid, weights + i);
+        sums.lo = _mm256_add_ps(sums.lo, _mm256_load_ps(lanes));
+        sums.hi = _mm256_add_ps(sums.hi, _mm256_load_ps(lanes + 8));
+    }
+    return sum16(sums);
+}
+
+// acc[d] = sum over i, in order, of weights[i] * v_i[d].
+template <typename T>
+void weighted_sum(const float* weights, const T* values, int64_t value_stride, const int* seen, int n, int dim,
+                  float* acc) {
+    int d0 = 0;
+    for (; d0 + 8 <= dim; d0 += 8) {
+        __m256 sum = _mm256_setzero_ps();
+        for (int i = 0; i < n; ++i) {
+            sum = _mm256_fmadd_ps(_mm256_set1_ps(weights[i]), load8(values + seen[i] * value_stride + d0), sum);
+        }
+        _mm256_storeu_ps(acc + d0, sum);
+    }
+    for (; d0 < dim; ++d0) {
+        float sum = 0.f;
+        for (int i = 0; i < n; ++i) sum = std::fma(weights[i], load<T>(values + seen[i] * value_stride + d0), sum);
+        acc[d0] = sum;
+    }
+}
+
+// scores() for H query heads against the same keys, each key's row read once for all of them
+// (the same arithmetic, so bits).
+template <int H, typename T>
+void scores_of_heads(const float* const* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim,
+                     float* const* out) {
+    for (int i = 0; i < n; ++i) {
+        const T* k = keys + seen[i] * key_stride;
+        Lanes16 acc[H];
+        for (int h = 0; h < H; ++h) acc[h] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int d = 0; d < dim; d += kLanes) {
+            const Lanes16 kd = load16(k, d, dim);
+            for (int h = 0; h < H; ++h) {
+                const Lanes16 qd = load16(q[h], d, dim);
+                acc[h].lo = _mm256_fmadd_ps(qd.lo, kd.lo, acc[h].lo);
+                acc[h].hi = _mm256_fmadd_ps(qd.hi, kd.hi, acc[h].hi);
+            }
+        }
+        for (int h = 0; h < H; ++h) out[h][i] = sum16(acc[h]);
+    }
+}
+
+// weighted_sum() for H heads' weights over the same values, each value row read once.
+template <int H, typename T>
+void weighted_sums_of_heads(const float* const* weights, const T* values, int64_t value_stride, const int* seen,
+                            int n, int dim, float* const* acc) {
+    if (dim % 8) {
+        for (int h = 0; h < H; ++h) weighted_sum(weights[h], values, value_stride, seen, n, dim, acc[h]);
+        return;
+    }
+    constexpr int kChunks = 4;
+    for (int d0 = 0; d0 < dim; d0 += kChunks * 8) {
+        const int chunks = std::min(kChunks, (dim - d0) / 8);
+        __m256 sums[H][kChunks];
+        for (int h = 0; h < H; ++h) {
+            for (int c = 0; c < kChunks; ++c) sums[h][c] = _mm256_setzero_ps();
+        }
+        for (int i = 0; i < n; ++i) {
+            const T* v = values + seen[i] * value_stride + d0;
+            __m256 vc[kChunks];
+            for (int c = 0; c < chunks; ++c) vc[c] = load8(v + 8 * c);
+            for (int h = 0; h < H; ++h) {
+                const __m256 w = _mm256_set1_ps(weights[h][i]);
+                for (int c = 0; c < chunks; ++c) sums[h][c] = _mm256_fmadd_ps(w, vc[c], sums[h][c]);
+            }
+        }
+        for (int h = 0; h < H; ++h) {
+            for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(acc[h] + d0 + 8 * c, sums[h][c]);
         }
     }
 }
@@ -459,7 +597,7 @@ void summarise_group(const T* query, const T* keys, const T* values, const bool*
         }
         return;
     }
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     const int begin = c * kChunk, end = std::min(s.kv, begin + kChunk);
     const bool* row_mask = mask + b * o.ms.batch + r * o.ms.position + begin * o.ms.element;
     const int n = seen_keys(row_mask, end - begin, o.ms.element, scratch.seen.data());
