@@ -240,9 +240,6 @@ void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-constexpr bool kVector = true;
-
 // The lines of this block's share of its group (`per_block` bytes, whole lines) requested ahead.
 inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
     const size_t begin = per_block * j, end = per_block * (j + 1);
@@ -250,6 +247,9 @@ inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
         _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
     }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr bool kVector = true;
 
 // Each byte's high nibble, as a byte: one affine bit transform (GFNI) where the CPU has it.
 inline __m512i high_nibbles(__m512i v, __m512i low_mask) {
@@ -320,26 +320,8 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     for (int r = 0; r < Count; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-template <int Bits>
-void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0, int count,
-               float (*out)[kTile]) {
-    switch (count) {
-        case 1: tile_rows_vector<Bits, 1>(tile, blocks, a, k, r0, out); break;
-        case 2: tile_rows_vector<Bits, 2>(tile, blocks, a, k, r0, out); break;
-        case 3: tile_rows_vector<Bits, 3>(tile, blocks, a, k, r0, out); break;
-        default: tile_rows_vector<Bits, 4>(tile, blocks, a, k, r0, out); break;
-    }
-}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 constexpr bool kVector = true;
-
-// The lines of this block's share of its group (`per_block` bytes, whole lines) requested ahead.
-inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
-    const size_t begin = per_block * j, end = per_block * (j + 1);
-    for (size_t line = begin; line < end; line += kLine) {
-        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
-    }
-}
 
 // The 4-bit halves of 32 bytes: low nibbles, and high nibbles as bytes.
 inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
@@ -458,6 +440,11 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
     }
 }
 
+#endif
+
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) \
+    || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+// A tile's `count` rows (at most kRowTile) by the vector path above.
 template <int Bits>
 void tile_rows(const uint8_t* tile, int blocks, const QuantizedRows& a, int k, int r0, int count,
                float (*out)[kTile]) {
