@@ -191,11 +191,16 @@ def depth_recording(drafter):
     return proposals
 
 
+# Each variant samples for half a minute on a 2-core CPU: a chain over the reduced vocabulary and a
+# stopped tree over the full one by default, the three others with -m slow.
 @pytest.mark.parametrize("variant,settings,sampling", [
     ("reduced-chain", dict(num_draft_tokens=2), SamplingConfig(temperature=1.0)),
-    ("reduced-tree", dict(num_draft_tokens=2, tree_width=3), SamplingConfig(temperature=0.8, top_p=0.9)),
-    ("reduced-chain-stopped", dict(num_draft_tokens=2, stop_threshold=0.9), SamplingConfig(temperature=1.0)),
-    ("full-chain-stopped", dict(num_draft_tokens=2, stop_threshold=0.9), SamplingConfig(temperature=1.0)),
+    pytest.param("reduced-tree", dict(num_draft_tokens=2, tree_width=3), SamplingConfig(temperature=0.8, top_p=0.9),
+                 marks=pytest.mark.slow),
+    pytest.param("reduced-chain-stopped", dict(num_draft_tokens=2, stop_threshold=0.9),
+                 SamplingConfig(temperature=1.0), marks=pytest.mark.slow),
+    pytest.param("full-chain-stopped", dict(num_draft_tokens=2, stop_threshold=0.9), SamplingConfig(temperature=1.0),
+                 marks=pytest.mark.slow),
     ("full-tree-stopped", dict(num_draft_tokens=2, tree_width=2, stop_threshold=0.9),
      SamplingConfig(temperature=0.8, top_p=0.9)),
 ])

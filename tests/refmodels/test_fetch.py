@@ -187,7 +187,8 @@ def test_a_model_of_a_family_specc_cannot_capture_is_refused_before_downloading(
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("name", [NAME, "qwen2.5-coder-0.5b"])
+# The 0.5B downloads and converts half a gigabyte for minutes on a fresh machine: -m slow.
+@pytest.mark.parametrize("name", [NAME, pytest.param("qwen2.5-coder-0.5b", marks=pytest.mark.slow)])
 def test_a_fetched_model_generates_like_transformers_reading_the_gguf(name):
     """The real thing, in the default cache (so a second run reuses it): the
     CLI downloads and converts in a subprocess while this process loads the
