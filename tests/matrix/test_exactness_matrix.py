@@ -195,3 +195,7 @@ def test_the_draft_quantized_column_covers_every_method_with_graphs_that_only_dr
     drafts = {m for m in METHODS
               if any(r.drafts_only for r in get_method(m).graphs(get_method(m).config_class()).values())}
     assert drafts == set(DRAFT_GRAPHS)
+
+
+def test_the_fast_inductor_cells_run_every_quirky_model():
+    assert {f for families in FAST_INDUCTOR.values() for f in families} == set(QUIRKY_MODELS)
