@@ -331,15 +331,18 @@ inline __m256i high_nibbles(__m256i v) { return _mm256_and_si256(_mm256_srli_epi
 // 16-bit pairs (maddubs; AVX2 has no VNNI). Pairs of nibbles times int8 stay within 16 bits for 8
 // such sums (8 * 2 * 15 * 127), of 6-bit values for 2 (2 * 2 * 63 * 127); 8-bit values are split
 // into nibbles. The integer dot products are exact, so each lane equals the VNNI and scalar paths.
-inline __m256i pair_sums(__m256i weights, int32_t activations) {
-    return _mm256_maddubs_epi16(weights, _mm256_set1_epi32(activations));
+// The 4 activation bytes are broadcast straight from memory: a load, not a move and a shuffle on
+// the vector ports that the multiplies need.
+inline __m256i pair_sums(__m256i weights, const int8_t* activations) {
+    return _mm256_maddubs_epi16(weights, _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(activations))));
 }
 
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// One block's integer dot products for 8 features (half h of the tile's 16) with each row.
+// One block's integer dot products for 8 features (half h of the tile's 16) with each row; row r's
+// 32 activation bytes start at qa + r * k.
 template <int Bits, int Count>
-inline void block_dots(const uint8_t* values, int h, const int32_t* const (&qa)[Count], __m256i (&dot)[Count]) {
+inline void block_dots(const uint8_t* values, int h, const int8_t* qa, int k, __m256i (&dot)[Count]) {
     const uint8_t* half = values + 32 * h;
     if (Bits == 4) {
         __m256i pairs[Count];
@@ -348,8 +351,8 @@ inline void block_dots(const uint8_t* values, int h, const int32_t* const (&qa)[
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
             const __m256i low = low_nibbles(v), high = high_nibbles(v);
             for (int r = 0; r < Count; ++r) {
-                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(low, qa[r][c]));
-                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(high, qa[r][c + 4]));
+                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(low, qa + r * k + 4 * c));
+                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(high, qa + r * k + 4 * c + 16));
             }
         }
         for (int r = 0; r < Count; ++r) dot[r] = lane_sums(pairs[r]);
@@ -371,7 +374,8 @@ inline void block_dots(const uint8_t* values, int h, const int32_t* const (&qa)[
         for (int r = 0; r < Count; ++r) {
             dot[r] = _mm256_setzero_si256();
             for (int c = 0; c < 8; c += 2) {
-                const __m256i pairs = _mm256_add_epi16(pair_sums(w[c], qa[r][c]), pair_sums(w[c + 1], qa[r][c + 1]));
+                const __m256i pairs = _mm256_add_epi16(pair_sums(w[c], qa + r * k + 4 * c),
+                                                       pair_sums(w[c + 1], qa + r * k + 4 * c + 4));
                 dot[r] = _mm256_add_epi32(dot[r], lane_sums(pairs));
             }
         }
@@ -382,12 +386,57 @@ inline void block_dots(const uint8_t* values, int h, const int32_t* const (&qa)[
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
             const __m256i low = low_nibbles(v), high = high_nibbles(v);
             for (int r = 0; r < Count; ++r) {
-                low_pairs[r] = _mm256_add_epi16(low_pairs[r], pair_sums(low, qa[r][c]));
-                high_pairs[r] = _mm256_add_epi16(high_pairs[r], pair_sums(high, qa[r][c]));
+                low_pairs[r] = _mm256_add_epi16(low_pairs[r], pair_sums(low, qa + r * k + 4 * c));
+                high_pairs[r] = _mm256_add_epi16(high_pairs[r], pair_sums(high, qa + r * k + 4 * c));
             }
         }
         for (int r = 0; r < Count; ++r) {
             dot[r] = _mm256_add_epi32(lane_sums(low_pairs[r]), _mm256_slli_epi32(lane_sums(high_pairs[r]), 4));
+        }
+    }
+}
+
+// A 4-bit block's integer dot products for all 16 features with `Rows` rows (1 or 2): each
+// activation broadcast serves both halves of the tile, and two rows' sums, the unpacked values and
+// the broadcasts still fit the 16 registers (more rows spilled, and cost more than unpacking the
+// values again from L1 for the next two).
+template <int Rows>
+inline void q4_block_dots(const uint8_t* values, const int8_t* qa, int k, __m256i (&dot)[Rows][2]) {
+    __m256i pairs[Rows][2];
+    for (int r = 0; r < Rows; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * c));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * c + 32));
+        const __m256i low0 = low_nibbles(v0), high0 = high_nibbles(v0);
+        const __m256i low1 = low_nibbles(v1), high1 = high_nibbles(v1);
+        for (int r = 0; r < Rows; ++r) {
+            const int8_t* row = qa + r * k + 4 * c;
+            const __m256i a_low = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(row)));
+            const __m256i a_high = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(row + 16)));
+            pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(low0, a_low),
+                                                                         _mm256_maddubs_epi16(high0, a_high)));
+            pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(low1, a_low),
+                                                                         _mm256_maddubs_epi16(high1, a_high)));
+        }
+    }
+    for (int r = 0; r < Rows; ++r) {
+        dot[r][0] = lane_sums(pairs[r][0]);
+        dot[r][1] = lane_sums(pairs[r][1]);
+    }
+}
+
+// Rows' dot products scaled into their accumulators, in the order every path uses.
+template <int Rows>
+inline void q4_block_rows(const uint8_t* values, const int8_t* qa, int k, const __m256 (&scales)[2],
+                          const __m256 (&mins)[2], const float* a_scales, const float* a_sums, int blocks,
+                          __m256 (*acc)[2]) {
+    __m256i dot[Rows][2];
+    q4_block_dots<Rows>(values, qa, k, dot);
+    for (int r = 0; r < Rows; ++r) {
+        const __m256 a_scale = _mm256_broadcast_ss(a_scales + r * blocks), a_sum = _mm256_broadcast_ss(a_sums + r * blocks);
+        for (int h = 0; h < 2; ++h) {
+            acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(scales[h], a_scale), acc[r][h]);
+            acc[r][h] = _mm256_fmadd_ps(mins[h], a_sum, acc[r][h]);
         }
     }
 }
@@ -397,6 +446,9 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
                       float (*out)[kTile]) {
     __m256 acc[Count][2];
     for (int r = 0; r < Count; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int8_t* rows_values = a.values.data() + static_cast<size_t>(r0) * k;
+    const float* rows_scales = a.scales.data() + static_cast<size_t>(r0) * blocks;
+    const float* rows_sums = a.sums.data() + static_cast<size_t>(r0) * blocks;
     const uint8_t* group = tile;
     for (int first = 0; first < blocks; first += kGroup) {
         const int size = std::min(kGroup, blocks - first);
@@ -413,9 +465,25 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
             const int b = first + j;
             prefetch_share(group, per_block, j);
             const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
-            const int32_t* qa[Count];
-            for (int r = 0; r < Count; ++r) {
-                qa[r] = reinterpret_cast<const int32_t*>(a.values.data() + static_cast<size_t>(r0 + r) * k + b * kBlock);
+            const int8_t* qa = rows_values + b * kBlock;
+            if (Bits == 4) {
+                __m256 scales[2], mins[2];
+                for (int h = 0; h < 2; ++h) {
+                    scales[h] = _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + kTile * j + 8 * h)))));
+                    mins[h] = _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
+                }
+                for (int r = 0; r < Count; r += 2) {
+                    if (Count - r >= 2) {
+                        q4_block_rows<2>(values, qa + r * k, k, scales, mins, rows_scales + r * blocks + b,
+                                         rows_sums + r * blocks + b, blocks, acc + r);
+                    } else {
+                        q4_block_rows<1>(values, qa + r * k, k, scales, mins, rows_scales + r * blocks + b,
+                                         rows_sums + r * blocks + b, blocks, acc + r);
+                    }
+                }
+                continue;
             }
             for (int h = 0; h < 2; ++h) {
                 const __m256 scales = _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
@@ -423,12 +491,11 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
                 const __m256 mins = _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
                 __m256i dot[Count];
-                block_dots<Bits, Count>(values, h, qa, dot);
+                block_dots<Bits, Count>(values, h, qa, k, dot);
                 for (int r = 0; r < Count; ++r) {
-                    const size_t row = static_cast<size_t>(r0 + r);
-                    const __m256 scale = _mm256_mul_ps(scales, _mm256_set1_ps(a.scales[row * blocks + b]));
+                    const __m256 scale = _mm256_mul_ps(scales, _mm256_broadcast_ss(rows_scales + r * blocks + b));
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r][h]);
-                    acc[r][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.sums[row * blocks + b]), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(mins, _mm256_broadcast_ss(rows_sums + r * blocks + b), acc[r][h]);
                 }
             }
         }
