@@ -61,7 +61,7 @@ class CompileRequest:
     show_progress: bool = False
     device: str = "auto"    # what the engine is for: training and ahead-of-time lowering run there
     quantize: str | None = None   # quantization of every source model's linears: specc.quantize.schemes.SCHEMES
-    quantize_draft: str | None = None   # the extra source models' (a draft model's) scheme instead of `quantize`
+    quantize_draft: str | None = None   # the extra source models' (a drafting model's) scheme instead of `quantize`
     teacher: str = "unquantized"   # what training distills from under `quantize`: specc.quantize.teacher.TEACHERS
 
 

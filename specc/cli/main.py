@@ -90,7 +90,7 @@ def _add_compile(verbs):
                         "(blocks of 32, int8 activations, specc's kernel: the fastest), or weight-only int8 "
                         "(per channel), int4 (groups of 32), int4-g64|g128|g256")
     p.add_argument("--quantize-draft", metavar="SCHEME", default=None,
-                   help="quantization of a separate draft model's linear layers instead of --quantize's (the "
+                   help="quantization of a separate drafting model's linear layers instead of --quantize's (the "
                         "same schemes): a q4 draft beside a bfloat16 target drafts for a fraction of a step, "
                         "and the target still verifies every token")
     p.add_argument("--teacher", choices=TEACHERS, default="unquantized",

@@ -1,6 +1,6 @@
 """What a model-backed drafter keeps in step with the committed tokens: `DraftFollower`.
 
-A drafter that runs a model of its own (a draft model, an adapter, a draft head)
+A drafter that runs a model of its own (a smaller model, an adapter, a draft head)
 keeps that model's KV cache valid for a prefix of the committed tokens, and may
 read a feature per committed position that the target computed (a hidden state
 returned beside the logits). Per round:
@@ -10,7 +10,7 @@ returned beside the logits). Per round:
 - `fed(token)`: a drafted chain token the drafter ran through its model, at the
   position after the root and the chain tokens fed before it;
 - `observe`: the features of the rows the target kept are stored, and `valid`
-  moves to the tokens the draft model saw that the target committed: the
+  moves to the tokens the drafting model saw that the target committed: the
   catch-up's, then the fed chain tokens while they match the accepted ones.
 
 The accepted tokens are read from the draft the follower is shown (a merged tree,
@@ -58,12 +58,12 @@ class DraftFollower:
             self.features[start + 1: prompt.numel() + 1] = prefill.outputs[self.feature]
 
     def caught_up(self, root: int) -> None:
-        """The draft model has now seen every position up to the root."""
+        """The drafting model has now seen every position up to the root."""
         self.valid = root + 1
         self._round_base, self._fed = root + 1, []
 
     def fed(self, token: int) -> None:
-        """A drafted chain token ran through the draft model at the next position past the root."""
+        """A drafted chain token ran through the drafting model at the next position past the root."""
         self._fed.append(token)
 
     def feature_of(self, positions: torch.Tensor | int) -> torch.Tensor:
