@@ -12,7 +12,7 @@ calls themselves), the graph's entry and exit (before its first traced call and 
 last), and the decoding loop outside the graph (Python). Medians over the steps, in µs per
 token; engines without specc's CPU operators have nothing to trace. Timed steps run a little
 slower than untimed ones (two clock reads a call).
-Results go to benchmarks/results/<device>-<name>-step-profile.json.
+With `--name NAME` the report is also written to benchmarks/results/<device>-NAME-step-profile.json.
 """
 
 from __future__ import annotations
