@@ -331,32 +331,25 @@ inline __m256i high_nibbles(__m256i v) { return _mm256_and_si256(_mm256_srli_epi
 // 16-bit pairs (maddubs; AVX2 has no VNNI). Pairs of nibbles times int8 stay within 16 bits for 8
 // such sums (8 * 2 * 15 * 127), of 6-bit values for 2 (2 * 2 * 63 * 127); 8-bit values are split
 // into nibbles. The integer dot products are exact, so each lane equals the VNNI and scalar paths.
-// The 4 activation bytes are broadcast straight from memory: a load, not a move and a shuffle on
-// the vector ports that the multiplies need.
+// The 4 activation bytes are broadcast straight from memory (`activation_word`): a load, not a
+// move and a shuffle on the vector ports that the multiplies need.
+inline __m256i activation_word(const int8_t* activations) {
+    return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(activations)));
+}
+
 inline __m256i pair_sums(__m256i weights, const int8_t* activations) {
-    return _mm256_maddubs_epi16(weights, _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(activations))));
+    return _mm256_maddubs_epi16(weights, activation_word(activations));
 }
 
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// One block's integer dot products for 8 features (half h of the tile's 16) with each row; row r's
-// 32 activation bytes start at qa + r * k.
+// A 6- or 8-bit block's integer dot products for 8 features (half h of the tile's 16) with each
+// row; row r's 32 activation bytes start at qa + r * k. (4-bit blocks: q4_block_dots.)
 template <int Bits, int Count>
 inline void block_dots(const uint8_t* values, int h, const int8_t* qa, int k, __m256i (&dot)[Count]) {
+    static_assert(Bits == 6 || Bits == 8, "4-bit blocks take q4_block_dots");
     const uint8_t* half = values + 32 * h;
-    if (Bits == 4) {
-        __m256i pairs[Count];
-        for (int r = 0; r < Count; ++r) pairs[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
-            const __m256i low = low_nibbles(v), high = high_nibbles(v);
-            for (int r = 0; r < Count; ++r) {
-                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(low, qa + r * k + 4 * c));
-                pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(high, qa + r * k + 4 * c + 16));
-            }
-        }
-        for (int r = 0; r < Count; ++r) dot[r] = lane_sums(pairs[r]);
-    } else if (Bits == 6) {
+    if (Bits == 6) {
         __m256i w[8];
         for (int c = 0; c < 4; ++c) {
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 64 * c));
@@ -411,8 +404,7 @@ inline void q4_block_dots(const uint8_t* values, const int8_t* qa, int k, __m256
         const __m256i low1 = low_nibbles(v1), high1 = high_nibbles(v1);
         for (int r = 0; r < Rows; ++r) {
             const int8_t* row = qa + r * k + 4 * c;
-            const __m256i a_low = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(row)));
-            const __m256i a_high = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(row + 16)));
+            const __m256i a_low = activation_word(row), a_high = activation_word(row + 16);
             pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(low0, a_low),
                                                                          _mm256_maddubs_epi16(high0, a_high)));
             pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(low1, a_low),
@@ -423,6 +415,17 @@ inline void q4_block_dots(const uint8_t* values, const int8_t* qa, int k, __m256
         dot[r][0] = lane_sums(pairs[r][0]);
         dot[r][1] = lane_sums(pairs[r][1]);
     }
+}
+
+// Half h's 8 weight scales (or mins) of block j: the group's fp16 value times the block's 8-bit one.
+inline __m256 block_scales(const __m256 (&group_scales)[2], const uint8_t* sub_scales, int j, int h) {
+    return _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + kTile * j + 8 * h)))));
+}
+
+inline __m256 block_mins(const __m256 (&group_mins)[2], const uint8_t* sub_mins, int j, int h) {
+    return _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
 }
 
 // Rows' dot products scaled into their accumulators, in the order every path uses.
@@ -466,14 +469,9 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
             prefetch_share(group, per_block, j);
             const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
             const int8_t* qa = rows_values + b * kBlock;
-            if (Bits == 4) {
-                __m256 scales[2], mins[2];
-                for (int h = 0; h < 2; ++h) {
-                    scales[h] = _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + kTile * j + 8 * h)))));
-                    mins[h] = _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
-                }
+            if constexpr (Bits == 4) {
+                const __m256 scales[2] = {block_scales(group_scales, sub_scales, j, 0), block_scales(group_scales, sub_scales, j, 1)};
+                const __m256 mins[2] = {block_mins(group_mins, sub_mins, j, 0), block_mins(group_mins, sub_mins, j, 1)};
                 for (int r = 0; r < Count; r += 2) {
                     if (Count - r >= 2) {
                         q4_block_rows<2>(values, qa + r * k, k, scales, mins, rows_scales + r * blocks + b,
@@ -483,19 +481,17 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
                                          rows_sums + r * blocks + b, blocks, acc + r);
                     }
                 }
-                continue;
-            }
-            for (int h = 0; h < 2; ++h) {
-                const __m256 scales = _mm256_mul_ps(group_scales[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + kTile * j + 8 * h)))));
-                const __m256 mins = _mm256_mul_ps(group_mins[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + kTile * j + 8 * h)))));
-                __m256i dot[Count];
-                block_dots<Bits, Count>(values, h, qa, k, dot);
-                for (int r = 0; r < Count; ++r) {
-                    const __m256 scale = _mm256_mul_ps(scales, _mm256_broadcast_ss(rows_scales + r * blocks + b));
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r][h]);
-                    acc[r][h] = _mm256_fmadd_ps(mins, _mm256_broadcast_ss(rows_sums + r * blocks + b), acc[r][h]);
+            } else {
+                for (int h = 0; h < 2; ++h) {
+                    const __m256 scales = block_scales(group_scales, sub_scales, j, h);
+                    const __m256 mins = block_mins(group_mins, sub_mins, j, h);
+                    __m256i dot[Count];
+                    block_dots<Bits, Count>(values, h, qa, k, dot);
+                    for (int r = 0; r < Count; ++r) {
+                        const __m256 scale = _mm256_mul_ps(scales, _mm256_broadcast_ss(rows_scales + r * blocks + b));
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r][h]);
+                        acc[r][h] = _mm256_fmadd_ps(mins, _mm256_broadcast_ss(rows_sums + r * blocks + b), acc[r][h]);
+                    }
                 }
             }
         }
