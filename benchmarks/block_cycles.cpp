@@ -11,6 +11,9 @@
 // The tile's result must escape each pass (the empty asm below takes its address): otherwise the
 // compiler drops the arithmetic and times the prefetches alone.
 
+#ifndef BITS
+#define BITS 4
+#endif
 #ifndef KERNEL
 #define KERNEL "blocked_matmul.cpp"
 #endif
@@ -40,7 +43,7 @@ int main(int argc, char** argv) {
     const int repeats = argc > 1 ? std::atoi(argv[1]) : 5;
     const int rows = argc > 2 ? std::max(1, std::min(kRowTile, std::atoi(argv[2]))) : 1;
     const int k = 512, blocks = k / kBlock, passes = 2000000;
-    const size_t bytes = ::tile_bytes<4>(blocks);
+    const size_t bytes = ::tile_bytes<BITS>(blocks);
     std::vector<uint8_t> tile(bytes, 0x11);   // fp16 0x1111 scales: normal numbers
     std::vector<uint16_t> x(static_cast<size_t>(rows) * k, 0x3f80);   // bfloat16 1.0
     QuantizedRows a;
@@ -51,11 +54,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeats; ++r) {
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < passes; ++i) {
-            tile_rows<4>(tile.data(), blocks, a, k, 0, rows, out);
+            tile_rows<BITS>(tile.data(), blocks, a, k, 0, rows, out);
             asm volatile("" : : "r"(&out[0][0]) : "memory");
         }
         best = std::min(best, seconds_since(start) / passes / blocks);
     }
-    std::printf("clock ~%.2f GHz, %d row(s): %.2f ns a block (%.1f cycles), %.1f GB/s on one core (best of %d)\n",
-                ghz, rows, best * 1e9, best * ghz * 1e9, bytes / blocks / best / 1e9, repeats);
+    std::printf("clock ~%.2f GHz, q%d, %d row(s): %.2f ns a block (%.1f cycles), %.1f GB/s on one core (best of %d)\n",
+                ghz, BITS, rows, best * 1e9, best * ghz * 1e9, bytes / blocks / best / 1e9, repeats);
 }

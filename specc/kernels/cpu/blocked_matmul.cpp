@@ -343,6 +343,18 @@ inline __m256i pair_sums(__m256i weights, const int8_t* activations) {
 
 inline __m256i lane_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
+// Bits 2s..2s+1 of each byte of `top` moved to bits 4..5 (the rest zero): one shift and one mask.
+// A 16-bit shift moves no bit across the byte boundary into bits 4..5 for these counts.
+inline __m256i top_bits(__m256i top, int s) {
+    const __m256i bits_4_5 = _mm256_set1_epi8(0x30);
+    switch (s) {
+        case 0: return _mm256_and_si256(_mm256_slli_epi16(top, 4), bits_4_5);
+        case 1: return _mm256_and_si256(_mm256_slli_epi16(top, 2), bits_4_5);
+        case 2: return _mm256_and_si256(top, bits_4_5);
+        default: return _mm256_and_si256(_mm256_srli_epi16(top, 2), bits_4_5);
+    }
+}
+
 // A 6- or 8-bit block's integer dot products for 8 features (half h of the tile's 16) with each
 // row; row r's 32 activation bytes start at qa + r * k. (4-bit blocks: q4_block_dots.)
 template <int Bits, int Count>
@@ -356,13 +368,9 @@ inline void block_dots(const uint8_t* values, int h, const int8_t* qa, int k, __
             w[c] = low_nibbles(v);
             w[c + 4] = high_nibbles(v);
         }
-        const __m256i two_bits = _mm256_set1_epi8(3);
         for (int hh = 0; hh < 2; ++hh) {
             const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + 256 + 64 * hh));
-            for (int s = 0; s < 4; ++s) {
-                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(top, 2 * s), two_bits);
-                w[4 * hh + s] = _mm256_or_si256(w[4 * hh + s], _mm256_slli_epi16(high, 4));
-            }
+            for (int s = 0; s < 4; ++s) w[4 * hh + s] = _mm256_or_si256(w[4 * hh + s], top_bits(top, s));
         }
         for (int r = 0; r < Count; ++r) {
             dot[r] = _mm256_setzero_si256();
