@@ -24,6 +24,7 @@ from specc.errors import SpeccError
 from specc.graph.signature import CACHE_ROLE, LOGIT_ROWS_ROLE, LOGITS_ROLE, GraphSignature
 from specc.runtime.kv_cache import KVCache
 from specc.runtime.masks import apply_sliding_window, causal_chunk_mask, pad_keys, padded_key_count, tree_mask
+from specc.runtime.step_layouts import OneRowLayouts
 
 DECODING_ROLES = ("tokens", "positions", "attention_mask", "cache_slots")
 SHARED_LOGIT_ROWS = 64   # calls of up to this many rows reuse one logit_rows input per row count
@@ -47,6 +48,7 @@ class CachedModel:
         self._logits_index = roles.index(LOGITS_ROLE) if LOGITS_ROLE in roles else None
         self._selects_logit_rows = bool(signature.inputs_with_role(LOGIT_ROWS_ROLE))
         self._logit_rows_made: dict[tuple[int, bool], torch.Tensor] = {}
+        self._one_row = OneRowLayouts(self.cache.max_seq_len, device)
         self.forward_passes = 0
 
     @property
@@ -100,8 +102,10 @@ class CachedModel:
 
     def prefill(self, tokens: torch.Tensor, start: int) -> Verification:
         """A causal chunk after `start` cached tokens; logits of its last row only, all the loop reads."""
-        return self.run(tokens, *chunk_layout(start, tokens.numel(), self.device, self.max_seq_len),
-                        last_logits_only=True)
+        rows = tokens.numel()
+        layout = (self._one_row.layout(start) if rows == 1
+                  else chunk_layout(start, rows, self.device, self.max_seq_len))
+        return self.run(tokens, *layout, last_logits_only=True)
 
     def run_chunk(self, tokens: torch.Tensor, start: int) -> Verification:
         """A causal chunk after `start` cached tokens, with every row's logits."""
