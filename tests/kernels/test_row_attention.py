@@ -64,18 +64,19 @@ def test_a_key_scores_the_same_bits_whichever_group_it_is_summed_in(dim):
     assert all(torch.unique(row).numel() == 1 for row in out)
 
 
-def _long_inputs(rows: int, keys: int = 200, seed: int = 1):
+def _long_inputs(rows: int, keys: int = 200, seed: int = 1, dim: int = DIM):
     """Keys over several of the kernel's 64-key chunks, some chunks wholly hidden from some rows."""
     g = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, HEADS, rows, DIM, generator=g).bfloat16()
-    key, value = (torch.randn(1, KV_HEADS, keys, DIM, generator=g).bfloat16() for _ in range(2))
+    query = torch.randn(1, HEADS, rows, dim, generator=g).bfloat16()
+    key, value = (torch.randn(1, KV_HEADS, keys, dim, generator=g).bfloat16() for _ in range(2))
     mask = torch.rand(1, 1, rows, keys, generator=g) > 0.3
     mask[:, :, 0, 64:128] = False
     return query, key, value, mask
 
 
-def test_keys_over_several_chunks_give_masked_attention():
-    query, key, value, mask = _long_inputs(5)
+@pytest.mark.parametrize("dim", [40, 64])   # 64: whole 16-lane blocks, the sums held in registers
+def test_keys_over_several_chunks_give_masked_attention(dim):
+    query, key, value, mask = _long_inputs(5, dim=dim)
     want = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
                                           enable_gqa=True)
     torch.testing.assert_close(torch.ops.specc.row_attention(query, key, value, mask, None).double(), want,
@@ -93,10 +94,11 @@ def test_a_row_is_the_same_bits_whether_the_threads_share_its_chunks_or_take_who
             assert torch.equal(alone, together[:, :, r:r + 1])
 
 
-def test_heads_that_share_a_mask_compute_the_bits_of_heads_masked_one_by_one():
+@pytest.mark.parametrize("dim, keys", [(40, 200), (64, 200), (128, 77)])
+def test_heads_that_share_a_mask_compute_the_bits_of_heads_masked_one_by_one(dim, keys):
     """Query heads of one kv head read its keys together when their mask is one tensor; with a
     mask given per head (here the same values) each head is computed alone: the bits agree."""
-    query, key, value, mask = _long_inputs(3)
+    query, key, value, mask = _long_inputs(3, keys, dim=dim)
     per_head = mask.expand(1, HEADS, 3, mask.shape[-1]).contiguous()
     assert torch.equal(torch.ops.specc.row_attention(query, key, value, mask, None),
                        torch.ops.specc.row_attention(query, key, value, per_head, None))

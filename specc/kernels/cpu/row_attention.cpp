@@ -319,14 +319,36 @@ void scores(const float* q, const T* keys, int64_t key_stride, const int* seen, 
     for (int i = 0; i < n; ++i) out[i] = sum16(dot_lanes(q, keys + seen[i] * key_stride, dim));
 }
 
+// The largest of n scores, as std::max in order finds it (a NaN score is passed over), 8 lanes at
+// a time.
+inline float highest_of(const float* weights, int n) {
+    __m256 lanes = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int i = 0;
+    for (; i + 8 <= n; i += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(weights + i), lanes);   // NaN: keeps `lanes`
+    alignas(32) float kept[8];
+    _mm256_store_ps(kept, lanes);
+    float highest = -std::numeric_limits<float>::infinity();
+    for (const float v : kept) highest = std::max(highest, v);
+    for (; i < n; ++i) highest = std::max(highest, weights[i]);
+    return highest;
+}
+
 // weights[i] = exp(weights[i] - max) in place; *top = max; returns their sum (lane l sums i = l mod 16).
 inline float softmax_numerators(float* weights, int n, float* top_out) {
-    float highest = -std::numeric_limits<float>::infinity();
-    for (int i = 0; i < n; ++i) highest = std::max(highest, weights[i]);
+    const float highest = highest_of(weights, n);
     *top_out = highest;
     const __m256 top = _mm256_set1_ps(highest);
     Lanes16 sums{_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int i = 0; i < n; i += kLanes) {
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {   // whole blocks: every lane a weight
+        const __m256 lo = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(weights + i), top));
+        const __m256 hi = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(weights + i + 8), top));
+        _mm256_storeu_ps(weights + i, lo);
+        _mm256_storeu_ps(weights + i + 8, hi);
+        sums.lo = _mm256_add_ps(sums.lo, lo);
+        sums.hi = _mm256_add_ps(sums.hi, hi);
+    }
+    for (; i < n; i += kLanes) {
         const Lanes16 w = load16(weights, i, n);
         const Lanes16 e{exp_nonpositive8(_mm256_sub_ps(w.lo, top)), exp_nonpositive8(_mm256_sub_ps(w.hi, top))};
         alignas(32) float lanes[kLanes];
@@ -365,6 +387,22 @@ void weighted_sum(const float* weights, const T* values, int64_t value_stride, c
 template <int H, typename T>
 void scores_of_heads(const float* const* q, const T* keys, int64_t key_stride, const int* seen, int n, int dim,
                      float* const* out) {
+    if (dim % kLanes == 0) {   // no padded tail: the sums stay in registers
+        for (int i = 0; i < n; ++i) {
+            const T* k = keys + seen[i] * key_stride;
+            __m256 lo[H], hi[H];
+            for (int h = 0; h < H; ++h) lo[h] = hi[h] = _mm256_setzero_ps();
+            for (int d = 0; d < dim; d += kLanes) {
+                const __m256 k_lo = load8(k + d), k_hi = load8(k + d + 8);
+                for (int h = 0; h < H; ++h) {
+                    lo[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h] + d), k_lo, lo[h]);
+                    hi[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h] + d + 8), k_hi, hi[h]);
+                }
+            }
+            for (int h = 0; h < H; ++h) out[h][i] = sum16(Lanes16{lo[h], hi[h]});
+        }
+        return;
+    }
     for (int i = 0; i < n; ++i) {
         const T* k = keys + seen[i] * key_stride;
         Lanes16 acc[H];
@@ -381,7 +419,30 @@ void scores_of_heads(const float* const* q, const T* keys, int64_t key_stride, c
     }
 }
 
-// weighted_sum() for H heads' weights over the same values, each value row read once.
+// Dimensions [d0, d0 + 8 C) of weighted_sum() for H heads, the sums in registers.
+template <int H, int C, typename T>
+inline void weighted_sums_block(const float* const* weights, const T* values, int64_t value_stride, const int* seen,
+                                int n, int d0, float* const* acc) {
+    __m256 sums[H][C];
+    for (int h = 0; h < H; ++h) {
+        for (int c = 0; c < C; ++c) sums[h][c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < n; ++i) {
+        const T* v = values + seen[i] * value_stride + d0;
+        __m256 vc[C];
+        for (int c = 0; c < C; ++c) vc[c] = load8(v + 8 * c);
+        for (int h = 0; h < H; ++h) {
+            const __m256 w = _mm256_broadcast_ss(weights[h] + i);
+            for (int c = 0; c < C; ++c) sums[h][c] = _mm256_fmadd_ps(w, vc[c], sums[h][c]);
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[h] + d0 + 8 * c, sums[h][c]);
+    }
+}
+
+// weighted_sum() for H heads' weights over the same values, each value row read once per block of
+// dimensions whose sums fit the registers.
 template <int H, typename T>
 void weighted_sums_of_heads(const float* const* weights, const T* values, int64_t value_stride, const int* seen,
                             int n, int dim, float* const* acc) {
@@ -389,26 +450,10 @@ void weighted_sums_of_heads(const float* const* weights, const T* values, int64_
         for (int h = 0; h < H; ++h) weighted_sum(weights[h], values, value_stride, seen, n, dim, acc[h]);
         return;
     }
-    constexpr int kChunks = 4;
-    for (int d0 = 0; d0 < dim; d0 += kChunks * 8) {
-        const int chunks = std::min(kChunks, (dim - d0) / 8);
-        __m256 sums[H][kChunks];
-        for (int h = 0; h < H; ++h) {
-            for (int c = 0; c < kChunks; ++c) sums[h][c] = _mm256_setzero_ps();
-        }
-        for (int i = 0; i < n; ++i) {
-            const T* v = values + seen[i] * value_stride + d0;
-            __m256 vc[kChunks];
-            for (int c = 0; c < chunks; ++c) vc[c] = load8(v + 8 * c);
-            for (int h = 0; h < H; ++h) {
-                const __m256 w = _mm256_set1_ps(weights[h][i]);
-                for (int c = 0; c < chunks; ++c) sums[h][c] = _mm256_fmadd_ps(w, vc[c], sums[h][c]);
-            }
-        }
-        for (int h = 0; h < H; ++h) {
-            for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(acc[h] + d0 + 8 * c, sums[h][c]);
-        }
-    }
+    constexpr int C = H <= 2 ? 4 : 2;
+    int d0 = 0;
+    for (; d0 + 8 * C <= dim; d0 += 8 * C) weighted_sums_block<H, C>(weights, values, value_stride, seen, n, d0, acc);
+    for (; d0 < dim; d0 += 8) weighted_sums_block<H, 1>(weights, values, value_stride, seen, n, d0, acc);
 }
 #else
 constexpr bool kVector = false;
