@@ -31,6 +31,7 @@ from specc.lower.backend import LoweringTarget
 from specc.lower.registry import get_backend
 from specc.passes.manager import readable_graph, run_passes
 from specc.passes.fuse_decoder_chain import FuseDecoderChain
+from specc.passes.stack_decoder_layers import StackDecoderLayers
 from specc.passes.pad_attention_rows import PadAttentionRows
 from specc.passes.quantize_linear_weights import QuantizeLinearWeights
 from specc.passes.select_logit_rows import SelectLogitRows
@@ -335,9 +336,11 @@ def build_program(models: dict, method, config, max_seq_len: int, kernels: bool 
 def _row_alike_attention(scheme: Scheme, layers: dict) -> list:
     """Under specc's blocked kernels attention runs row by row through specc's CPU library (which
     those kernels need anyway) and each decoder layer's chain after it as one call of that
-    library (its weights packed once, into `layers`, for the program's graphs); PyTorch's
+    library (its weights packed once, into `layers`, for the program's graphs), consecutive layers
+    as one call; PyTorch's
     attention, padded, takes what that leaves."""
-    blocked = [UseRowAttention(EXACT_ROWS), FuseDecoderChain(store=layers)] if scheme.kernel == BLOCKED else []
+    blocked = ([UseRowAttention(EXACT_ROWS), FuseDecoderChain(store=layers), StackDecoderLayers()]
+               if scheme.kernel == BLOCKED else [])
     return [*blocked, PadAttentionRows(EXACT_ROWS)]
 
 

@@ -25,7 +25,8 @@ v written into `k_cache` and `v_cache` `[1, kv_heads, capacity, head_dim]` at ea
 `cache_positions` entry, and returns `(residual_out, query)` with `query` `[rows, heads *
 head_dim]`. `torch.ops.specc.decoder_layer` runs the layer's row attention first (`query`,
 `key`, `value`, `mask` and `scale` as `row_attention` takes them; its output is the chain's
-`attention`), so a layer after the first is one call. Each row is computed on its own, so a
+`attention`), so a layer after the first is one call; `torch.ops.specc.decoder_stack` runs
+several such layers of one shape in turn in one call. Each row is computed on its own, so a
 row's bits never depend on the call's other rows.
 """
 
@@ -196,6 +197,29 @@ def _decoder_layer_fake(*args):
 def decoder_layer(*args):
     """`(residual_out, query)` of the layer's row attention and `decoder_chain_into_cache`, in one call."""
     return torch.ops.specc.decoder_layer.default(*args)
+
+
+_define_in_cpu_library(
+    "decoder_stack",
+    "(Tensor query, Tensor mask, float scale, Tensor residual, Tensor[] weights, Tensor[] post_norms, "
+    "Tensor[] next_norms, int[] bits, int intermediate, int next_features, int packed_threads, float eps, "
+    "Tensor cos, Tensor sin, Tensor cache_positions, SymInt kv_length, Tensor(a!)[] k_caches, "
+    "Tensor(b!)[] v_caches, int heads, Tensor[] next_biases) -> (Tensor, Tensor)")
+
+
+@torch.library.register_fake("specc::decoder_stack")
+def _decoder_stack_fake(*args):
+    operands = named_operands(torch.ops.specc.decoder_stack.default, args)
+    return _residual_and_query_fake(operands["residual"], operands["k_caches"][0], operands["heads"])
+
+
+def decoder_stack(*args):
+    """`(residual_out, query)` of `decoder_layer` run for several layers of one shape in turn, in one
+    call: layer i takes the query and residual layer i - 1 returned, attends over the first
+    `kv_length` positions of `k_caches[i]` and `v_caches[i]` and writes into `k_caches[i + 1]` and
+    `v_caches[i + 1]`; `weights`, `post_norms`, `next_norms` and `next_biases` (or none) hold one
+    entry a layer, `bits` each layer's o, gate_up, down and next bits in turn."""
+    return torch.ops.specc.decoder_stack.default(*args)
 
 
 OPERATORS = (torch.ops.specc.decoder_chain.default, torch.ops.specc.decoder_chain_into_cache.default,

@@ -51,6 +51,8 @@ KERNELS = {kernel.name: kernel for kernel in (
     Kernel("decoder_layer", "the layer's row attention, then decoder_chain_into_cache, in one parallel region",
            revision=3, revised="adds the q/k/v bias it is given (next_bias) before the rotary embedding "
                                "(2026-12-01)"),
+    Kernel("decoder_stack", "decoder_layer for consecutive layers of one shape, in one call and one parallel "
+                            "region"),
 )}
 
 

@@ -4,7 +4,7 @@ A package calls a custom operator through its proxy executor unless Inductor is 
 of a C function for it: the executor boxes every argument and dispatches by name on
 each call, which cost more than the call of a small quantized matmul itself, and a q4
 decode step makes about four such calls a layer. specc's CPU library defines
-`aoti_torch_cpu_<op>` for `blocked_matmul`, `row_attention` and the decoder chains
+`aoti_torch_cpu_<op>` for `blocked_matmul`, `row_attention` and the decoder chains and stacks
 (`specc/kernels/cpu/torch_ops.cpp`); packages for the CPU whose graph calls them are
 built to call those functions, and their shared object then names them undefined: the
 library must be loaded into the global symbol scope before such a package loads
@@ -28,7 +28,8 @@ _CACHE_WRITE = ("AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle ca
                 "AtenTensorHandle k_cache, AtenTensorHandle v_cache, int64_t heads, AtenTensorHandle* next_bias")
 
 # Inductor writes `extern` declarations of these into the package and calls them by name:
-# aoti_torch_<device>_<operator>, tensors as handles, `float?` and `Tensor?` as a pointer (null for None).
+# aoti_torch_<device>_<operator>, tensors as handles, `float?` and `Tensor?` as a pointer (null for None),
+# a list as a pointer to its first element and its length.
 DECLARATIONS = {
     "blocked_matmul": "AOTITorchError aoti_torch_cpu_blocked_matmul(AtenTensorHandle rows, AtenTensorHandle packed, "
                       "int64_t bits, int64_t out_features, AtenTensorHandle* ret0)",
@@ -42,6 +43,16 @@ DECLARATIONS = {
     "decoder_layer": "AOTITorchError aoti_torch_cpu_decoder_layer(AtenTensorHandle query, AtenTensorHandle key, "
                      "AtenTensorHandle value, AtenTensorHandle mask, double scale, AtenTensorHandle residual, "
                      f"{_LAYER}, {_CACHE_WRITE}, AtenTensorHandle* ret0, AtenTensorHandle* ret1)",
+    "decoder_stack": "AOTITorchError aoti_torch_cpu_decoder_stack(AtenTensorHandle query, AtenTensorHandle mask, "
+                     "double scale, AtenTensorHandle residual, const AtenTensorHandle* weights, int64_t weights_count, "
+                     "const AtenTensorHandle* post_norms, int64_t post_norms_count, "
+                     "const AtenTensorHandle* next_norms, int64_t next_norms_count, const int64_t* bits, "
+                     "int64_t bits_count, int64_t intermediate, int64_t next_features, int64_t packed_threads, "
+                     "double eps, AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle cache_positions, "
+                     "int64_t kv_length, const AtenTensorHandle* k_caches, int64_t k_caches_count, "
+                     "const AtenTensorHandle* v_caches, int64_t v_caches_count, int64_t heads, "
+                     "const AtenTensorHandle* next_biases, int64_t next_biases_count, AtenTensorHandle* ret0, "
+                     "AtenTensorHandle* ret1)",
 }
 
 

@@ -58,7 +58,7 @@ def quantization_report(program, scheme: Scheme, graphs: list[str], model: torch
 
 
 def blocked_weights(gm: fx.GraphModule, inputs: list | None = None) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """Every weight a `specc.blocked_matmul` or decoder chain call of `gm` (segments included)
+    """Every weight a `specc.blocked_matmul`, decoder chain or stack call of `gm` (segments included)
     reads, by (its tensor's data_ptr, its place in it): (bits, output features, inputs). The call
     says the bits (a tile's bytes alone can fit both 4 and 8)."""
     values = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs or []))
@@ -74,13 +74,24 @@ def blocked_weights(gm: fx.GraphModule, inputs: list | None = None) -> dict[tupl
                 found[(packed.data_ptr(), 0)] = bits, node.args[3], blocked.inputs_of(packed, bits)
         elif node.target in decoder_chain.OPERATORS:
             operands = decoder_chain.named_operands(node.target, node.args)
-            weights, post_norm = values.get(operands["weights"]), values.get(operands["post_norm"])
-            if isinstance(weights, torch.Tensor) and isinstance(post_norm, torch.Tensor):
-                bits = tuple(operands[f"{name}_bits"] for name in ("o", "gate_up", "down", "next"))
-                projections = decoder_chain.layer_projections(post_norm.shape[0], operands["intermediate"],
-                                                              operands["next_features"], bits)
-                found.update({(weights.data_ptr(), part): p for part, p in enumerate(projections)})
+            bits = tuple(operands[f"{name}_bits"] for name in ("o", "gate_up", "down", "next"))
+            found.update(_layer_weights(values.get(operands["weights"]), values.get(operands["post_norm"]), bits,
+                                        operands))
+        elif node.target is torch.ops.specc.decoder_stack.default:
+            operands = decoder_chain.named_operands(node.target, node.args)
+            for i, (weights, post_norm) in enumerate(zip(operands["weights"], operands["post_norms"])):
+                found.update(_layer_weights(values.get(weights), values.get(post_norm),
+                                            tuple(operands["bits"][4 * i:4 * i + 4]), operands))
     return found
+
+
+def _layer_weights(weights, post_norm, bits: tuple, operands: dict) -> dict:
+    """A decoder layer pack's four projections by (its data_ptr, their place in it), as blocked_weights gives them."""
+    if not (isinstance(weights, torch.Tensor) and isinstance(post_norm, torch.Tensor)):
+        return {}
+    projections = decoder_chain.layer_projections(post_norm.shape[0], operands["intermediate"],
+                                                  operands["next_features"], bits)
+    return {(weights.data_ptr(), part): p for part, p in enumerate(projections)}
 
 
 def _bytes(tensor: torch.Tensor) -> int:

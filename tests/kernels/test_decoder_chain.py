@@ -1,5 +1,5 @@
 """specc.decoder_chain and specc.decoder_chain_into_cache, a decoder layer from its attention's output
-to the next attention's operands in one call: they compute the chain's eager steps (to bfloat16
+to the next attention's operands in one call (and decoder_stack, several such layers in one call): they compute the chain's eager steps (to bfloat16
 roundings), each row the same bits whatever the call's other rows or threads and whatever threads
 its layer's weights were packed for, and the cache write is the eager rotary embedding of the
 chain's own projection, bit for bit."""
@@ -12,8 +12,8 @@ import torch
 from specc.host.threads import torch_threads
 from specc.kernels.blocked_matmul import pack_blocked
 from specc.kernels.cpu.build import NATIVE, load_library
-from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, decoder_layer, layer_pack_bytes,
-                                         pack_layer, reference, rotate, scalar_decoder_chain)
+from specc.kernels.decoder_chain import (decoder_chain, decoder_chain_into_cache, decoder_layer, decoder_stack,
+                                         layer_pack_bytes, pack_layer, reference, rotate, scalar_decoder_chain)
 from specc.kernels.row_attention import row_attention
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, DIM, SLOTS = 128, 320, 4, 2, 32, 24
@@ -168,6 +168,63 @@ def test_a_layer_is_its_row_attention_then_the_chain_bit_for_bit():
         alone = decoder_layer(query[:, :, r:r + 1], keys, values, mask[:, :, r:r + 1], 0.2, residual[r:r + 1],
                               *weights, cos[r:r + 1], sin[r:r + 1], positions[r:r + 1], *_caches(), HEADS)
         assert all(torch.equal(a, b[r:r + 1]) for a, b in zip(alone, layered))
+
+
+def _filled_caches(count: int, seed: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(1, KV_HEADS, SLOTS, DIM, generator=g).bfloat16() for _ in range(2))
+            for _ in range(count)]
+
+
+def _layers_in_turn(query, mask, residual, layers, cos, sin, positions, caches, kv, biases):
+    """decoder_layer for each layer in turn, each attending over the caches the one before wrote."""
+    for i, weights in enumerate(layers):
+        keys, values = (cache[:, :, :kv] for cache in caches[i])
+        residual, rows = decoder_layer(query, keys, values, mask, 0.2, residual, *weights, cos, sin, positions,
+                                       *caches[i + 1], HEADS, biases[i] if biases else None)
+        query = rows.view(1, -1, HEADS, DIM).transpose(1, 2)
+    return residual, rows
+
+
+def _stacked(query, mask, residual, layers, cos, sin, positions, caches, kv, biases):
+    weights, post_norms, next_norms = ([layer[i] for layer in layers] for i in range(3))
+    bits = [b for layer in layers for b in layer[3:7]]
+    return decoder_stack(query, mask, 0.2, residual, weights, post_norms, next_norms, bits, *layers[0][7:], cos, sin,
+                         positions, kv, [k for k, _ in caches], [v for _, v in caches], HEADS, biases)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("biased", [False, True], ids=["no bias", "bias"])
+def test_a_stack_is_its_layers_in_turn_bit_for_bit(rows, biased):
+    layers = [_weights(seed) for seed in range(3)]
+    _, residual = _rows(rows)
+    cos, sin = _rotary(rows)
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(1, HEADS, rows, DIM, generator=g).bfloat16()
+    kv = 9 + rows
+    mask = torch.ones(1, 1, rows, kv, dtype=torch.bool).tril(diagonal=9)
+    positions = torch.arange(9, 9 + rows)
+    biases = [torch.randn(NEXT, generator=g).bfloat16() for _ in layers] if biased else []
+    in_turn_caches, stacked_caches = _filled_caches(4), _filled_caches(4)
+    in_turn = _layers_in_turn(query, mask, residual, layers, cos, sin, positions, in_turn_caches, kv, biases)
+    for threads in (1, 2):
+        caches = [tuple(c.clone() for c in pair) for pair in stacked_caches]
+        with torch_threads(threads):
+            stacked = _stacked(query, mask, residual, layers, cos, sin, positions, caches, kv, biases)
+        assert all(torch.equal(a, b) for a, b in zip(stacked, in_turn))
+        assert all(torch.equal(a, b) for pair, want in zip(caches, in_turn_caches) for a, b in zip(pair, want))
+
+
+def test_a_stack_refuses_caches_that_do_not_match_its_layers():
+    layers = [_weights(seed) for seed in range(2)]
+    _, residual = _rows(1)
+    cos, sin = _rotary(1)
+    query = torch.zeros(1, HEADS, 1, DIM, dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 1, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="one more key and value cache than layers"):
+        _stacked(query, mask, residual, layers, cos, sin, torch.tensor([3]), _filled_caches(2), 4, [])
+    with pytest.raises(ValueError, match="holding 99 positions"):
+        _stacked(query, mask, residual, layers, cos, sin, torch.tensor([3]), _filled_caches(3), 99, [])
 
 
 def test_it_refuses_a_position_outside_the_cache_and_heads_that_do_not_fit():

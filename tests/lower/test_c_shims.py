@@ -85,3 +85,48 @@ def test_a_package_hands_the_chain_its_optional_bias(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(packaged_caches, eager_caches)) and eager_caches[0].any()
     unbiased = torch.ops.specc.decoder_chain_into_cache(*example[:2], *_weights(), *example[2:5], *_caches(), HEADS)
     assert not torch.equal(unbiased[1], want[1])
+
+
+class StackOfTwoLayers(torch.nn.Module):
+    """Two decoder layers in one `decoder_stack` call, writing into the caches it is given."""
+
+    def __init__(self):
+        super().__init__()
+        layers = [_weights(seed) for seed in range(2)]
+        for i, weights in enumerate(layers):
+            self.register_buffer(f"pack{i}", weights[0])
+            self.register_buffer(f"post_norm{i}", weights[1])
+            self.register_buffer(f"next_norm{i}", weights[2])
+        self.bits = [b for weights in layers for b in weights[3:7]]
+        self.sizes = layers[0][7:]
+
+    def forward(self, query, mask, residual, cos, sin, positions, k0, v0, k1, v1, k2, v2):
+        return torch.ops.specc.decoder_stack(query, mask, 0.2, residual, [self.pack0, self.pack1],
+                                             [self.post_norm0, self.post_norm1], [self.next_norm0, self.next_norm1],
+                                             self.bits, *self.sizes, cos, sin, positions, mask.shape[3],
+                                             [k0, k1, k2], [v0, v1, v2], HEADS, [])
+
+
+def test_a_package_runs_a_stack_through_its_shim_and_writes_the_caches(tmp_path):
+    module = StackOfTwoLayers()
+    cos, sin = _rotary(2)
+    g = torch.Generator().manual_seed(6)
+    query = torch.randn(1, HEADS, 2, _caches()[0].shape[3], generator=g).bfloat16()
+    mask = torch.ones(1, 1, 2, 6, dtype=torch.bool).tril(diagonal=4)
+    example = (query, mask, _rows(2)[1], cos, sin, torch.tensor([4, 5]))
+    filled = [c.normal_(generator=g) for _ in range(3) for c in _caches()]
+    exported = torch.export.export(module, (*example, *[c.clone() for c in filled]))
+    with torch._inductor.config.patch(c_shims.shim_config(exported.module(), torch.device("cpu"))):
+        path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "stack.pt2"))
+    with zipfile.ZipFile(path) as package:
+        wrapper = next(package.read(name).decode() for name in package.namelist() if name.endswith("wrapper.cpp"))
+    assert "aoti_torch_cpu_decoder_stack(" in wrapper and "proxy_executor_call_function(" not in wrapper
+
+    c_shims.expose(exported.module(), torch.device("cpu"))
+    loaded = torch._inductor.aoti_load_package(path)
+    packaged_caches, eager_caches = [c.clone() for c in filled], [c.clone() for c in filled]
+    got = loaded(*example, *packaged_caches)
+    want = module(*example, *eager_caches)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(packaged_caches, eager_caches))
+    assert not torch.equal(eager_caches[2], filled[2]) and torch.equal(eager_caches[0], filled[0])

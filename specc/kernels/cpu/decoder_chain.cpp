@@ -279,6 +279,17 @@ void write_heads(const uint16_t* qkv, int rows, const CacheWrite& w, int first, 
 
 struct Shared {
     std::vector<uint16_t> attention, o, gate_up, act, down, next;
+
+    // Sized for `c`'s rows and shapes (the calling thread's, before its region).
+    void size_for(const Chain& c, bool cache, bool attention_first) {
+        const size_t rows = c.rows, hidden = c.hidden, intermediate = c.gate_up.features / 2;
+        o.resize(rows * hidden);
+        gate_up.resize(rows * 2 * intermediate);
+        act.resize(rows * intermediate);
+        down.resize(rows * hidden);
+        if (cache) next.resize(rows * c.next.features);
+        if (attention_first) attention.resize(rows * hidden);
+    }
 };
 
 struct Private {
@@ -287,60 +298,88 @@ struct Private {
     std::vector<float> scratch;
 };
 
+// One layer's chain by thread `thread` of the region's `threads`, from its attention (when given)
+// to the next projection (and its cache writes); the threads meet at the chain's barriers.
+void layer_in_region(const Chain& c, const Layout& layout, const CacheWrite* cache,
+                     const specc_cpu::RowAttention* attention, const specc_cpu::RowAttentionTeam& team, Shared& s,
+                     Private& mine, uint16_t* residual_out, uint16_t* next_out, int thread, int threads) {
+    const int rows = c.rows, hidden = c.hidden, intermediate = c.gate_up.features / 2;
+    uint16_t* projected = cache ? s.next.data() : next_out;
+    const uint16_t* attended = attention ? s.attention.data() : c.attention;
+    int first, last;
+    mine.sum.resize(static_cast<size_t>(rows) * hidden);
+    mine.normed.resize(static_cast<size_t>(rows) * hidden);
+
+    if (attention) {
+        specc_cpu::row_attention_in_team(*attention, team, s.attention.data(), thread, threads);
+#pragma omp barrier
+    }
+    specc_cpu::quantize_rows(attended, rows, hidden, mine.a, c.scalar);
+    specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
+    project(c, layout, kO, mine.a, rows, first, last, s.o.data(), hidden);
+#pragma omp barrier
+    add_norm(c.residual, s.o.data(), c.post_norm, rows, hidden, c.eps, mine.sum.data(), mine.normed.data(),
+             mine.scratch, c.scalar);
+    specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
+    // Each thread takes the same features of gate and of up, so it can multiply them itself.
+    specc_cpu::tile_share(intermediate / kTile, threads, thread, &first, &last);
+    project(c, layout, kGate, mine.a, rows, first, last, s.gate_up.data(), 2 * intermediate);
+    project(c, layout, kUp, mine.a, rows, first, last, s.gate_up.data() + intermediate, 2 * intermediate);
+    gated(s.gate_up.data(), rows, intermediate, first * kTile, last * kTile, s.act.data(), c.scalar);
+#pragma omp barrier
+    specc_cpu::quantize_rows(s.act.data(), rows, intermediate, mine.a, c.scalar);
+    specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
+    project(c, layout, kDown, mine.a, rows, first, last, s.down.data(), hidden);
+#pragma omp barrier
+    add_norm(mine.sum.data(), s.down.data(), c.next_norm, rows, hidden, c.eps, thread == 0 ? residual_out : nullptr,
+             mine.normed.data(), mine.scratch, c.scalar);
+    specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
+    specc_cpu::tile_share(c.next.features / kTile, threads, thread, &first, &last);
+    project(c, layout, kNext, mine.a, rows, first, last, projected, c.next.features);
+    if (cache) {
+#pragma omp barrier
+        specc_cpu::tile_share(cache->heads + 2 * cache->kv_heads, threads, thread, &first, &last);
+        write_heads(projected, rows, *cache, first, last);
+    }
+}
+
 void run(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention* attention, uint16_t* residual_out,
          uint16_t* next_out) {
-    const int rows = c.rows, hidden = c.hidden, intermediate = c.gate_up.features / 2;
     thread_local Shared shared;
-    shared.o.resize(static_cast<size_t>(rows) * hidden);
-    shared.gate_up.resize(static_cast<size_t>(rows) * 2 * intermediate);
-    shared.act.resize(static_cast<size_t>(rows) * intermediate);
-    shared.down.resize(static_cast<size_t>(rows) * hidden);
-    if (cache) shared.next.resize(static_cast<size_t>(rows) * c.next.features);
-    Shared& s = shared;
-    uint16_t* projected = cache ? shared.next.data() : next_out;
-    if (attention) shared.attention.resize(static_cast<size_t>(rows) * hidden);
-    const uint16_t* attended = attention ? shared.attention.data() : c.attention;
+    Shared& s = shared;   // the calling thread's, which every thread of the region uses
+    s.size_for(c, cache != nullptr, attention != nullptr);
     const specc_cpu::RowAttentionTeam team =
         attention ? specc_cpu::row_attention_team(*attention, omp_get_max_threads()) : specc_cpu::RowAttentionTeam{};
     const Layout layout = layout_of(c);
 #pragma omp parallel
     {
         thread_local Private mine;
-        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        int first, last;
-        mine.sum.resize(static_cast<size_t>(rows) * hidden);
-        mine.normed.resize(static_cast<size_t>(rows) * hidden);
+        layer_in_region(c, layout, cache, attention, team, s, mine, residual_out, next_out, omp_get_thread_num(),
+                        omp_get_num_threads());
+    }
+}
 
-        if (attention) {
-            specc_cpu::row_attention_in_team(*attention, team, s.attention.data(), thread, threads);
+// Layers of one shape in turn, in one region: layer i's attention reads what layer i - 1 wrote
+// (its query, its residual, the caches), so the threads meet once more between layers.
+void run_stack(const specc_cpu::StackLayer* layers, int count) {
+    thread_local Shared shared;
+    Shared& s = shared;   // the calling thread's, which every thread of the region uses
+    s.size_for(layers[0].chain, true, true);
+    const specc_cpu::RowAttentionTeam team = specc_cpu::row_attention_team(layers[0].attention, omp_get_max_threads());
+    std::vector<Layout> layouts;
+    layouts.reserve(count);
+    for (int i = 0; i < count; ++i) layouts.push_back(layout_of(layers[i].chain));
+#pragma omp parallel
+    {
+        thread_local Private mine;
+        const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        for (int i = 0; i < count; ++i) {
+            if (i > 0) {
 #pragma omp barrier
-        }
-        specc_cpu::quantize_rows(attended, rows, hidden, mine.a, c.scalar);
-        specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
-        project(c, layout, kO, mine.a, rows, first, last, s.o.data(), hidden);
-#pragma omp barrier
-        add_norm(c.residual, s.o.data(), c.post_norm, rows, hidden, c.eps, mine.sum.data(), mine.normed.data(),
-                 mine.scratch, c.scalar);
-        specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
-        // Each thread takes the same features of gate and of up, so it can multiply them itself.
-        specc_cpu::tile_share(intermediate / kTile, threads, thread, &first, &last);
-        project(c, layout, kGate, mine.a, rows, first, last, s.gate_up.data(), 2 * intermediate);
-        project(c, layout, kUp, mine.a, rows, first, last, s.gate_up.data() + intermediate, 2 * intermediate);
-        gated(s.gate_up.data(), rows, intermediate, first * kTile, last * kTile, s.act.data(), c.scalar);
-#pragma omp barrier
-        specc_cpu::quantize_rows(s.act.data(), rows, intermediate, mine.a, c.scalar);
-        specc_cpu::tile_share(hidden / kTile, threads, thread, &first, &last);
-        project(c, layout, kDown, mine.a, rows, first, last, s.down.data(), hidden);
-#pragma omp barrier
-        add_norm(mine.sum.data(), s.down.data(), c.next_norm, rows, hidden, c.eps, thread == 0 ? residual_out : nullptr,
-                 mine.normed.data(), mine.scratch, c.scalar);
-        specc_cpu::quantize_rows(mine.normed.data(), rows, hidden, mine.a, c.scalar);
-        specc_cpu::tile_share(c.next.features / kTile, threads, thread, &first, &last);
-        project(c, layout, kNext, mine.a, rows, first, last, projected, c.next.features);
-        if (cache) {
-#pragma omp barrier
-            specc_cpu::tile_share(cache->heads + 2 * cache->kv_heads, threads, thread, &first, &last);
-            write_heads(projected, rows, *cache, first, last);
+            }
+            const specc_cpu::StackLayer& l = layers[i];
+            layer_in_region(l.chain, layouts[i], &l.cache, &l.attention, team, s, mine, l.residual_out, nullptr,
+                            thread, threads);
         }
     }
 }
@@ -379,6 +418,26 @@ int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, const RowA
     }
     const specc_cpu::TracedCall traced(specc_cpu::Traced::chain);
     run(c, cache, attention, residual_out, next_out);
+    return 0;
+}
+
+int specc_cpu::decoder_stack(const StackLayer* layers, int count) {
+    if (count < 1) return 1;
+    const Chain& first = layers[0].chain;
+    for (int i = 0; i < count; ++i) {
+        const StackLayer& l = layers[i];
+        const Chain& c = l.chain;
+        if (!fits(c) || !writable(l.cache, c.rows, c.next.features) || l.attention.batch != 1
+            || l.attention.rows != c.rows || l.attention.heads * l.attention.dim != c.hidden || c.rows != first.rows
+            || c.hidden != first.hidden || c.gate_up.features != first.gate_up.features
+            || c.next.features != first.next.features || l.attention.heads != layers[0].attention.heads
+            || l.attention.kv_heads != layers[0].attention.kv_heads || l.attention.kv != layers[0].attention.kv
+            || l.attention.dim != layers[0].attention.dim) {
+            return 1;
+        }
+    }
+    const specc_cpu::TracedCall traced(specc_cpu::Traced::chain);
+    run_stack(layers, count);
     return 0;
 }
 

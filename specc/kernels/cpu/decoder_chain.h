@@ -54,6 +54,20 @@ struct CacheWrite {
 int decoder_chain(const Chain& chain, const CacheWrite* cache, const RowAttention* attention, uint16_t* residual_out,
                   uint16_t* next_out);
 
+// One layer of a stack (decoder_stack): its chain with its row attention first and its cache writes
+// last; `chain.residual` and `attention.query` are the previous layer's `residual_out` and
+// `cache.query` (or the stack's inputs), `chain.attention` is not read.
+struct StackLayer {
+    Chain chain;
+    CacheWrite cache;
+    RowAttention attention;
+    uint16_t* residual_out;      // [rows, hidden]
+};
+
+// decoder_chain with attention and cache writes for `count` layers of one shape in turn, in one
+// parallel region: what `count` such calls compute, bit for bit. Returns 0, or 1 on shapes it refuses.
+int decoder_stack(const StackLayer* layers, int count);
+
 // Bytes of the chain's `weights`: its four projections' tiles (whatever `packed_threads`), or 0
 // when a projection's shape or bits do not fit.
 int64_t layer_pack_bytes(const Chain& chain);

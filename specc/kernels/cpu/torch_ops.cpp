@@ -24,6 +24,7 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 extern "C" int specc_blocked_matmul(const uint16_t* x, int rows, int k, const uint8_t* weight, int n, int bits,
                                     uint16_t* y, int scalar);
@@ -182,6 +183,26 @@ std::tuple<at::Tensor, at::Tensor> decoder_chain_into_cache(
                             v_cache, heads, next_bias, nullptr);
 }
 
+// The row attention operands of `query` [1, heads, rows, dim] over keys and values [1, kv_heads, kv, dim]
+// under `mask` (broadcast to [1, heads, rows, kv] and kept alive by the caller).
+specc_cpu::RowAttention attention_of(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                     const at::Tensor& expanded_mask, double scale) {
+    specc_cpu::RowAttention a{reinterpret_cast<const uint16_t*>(query.data_ptr()), {},
+                              reinterpret_cast<const uint16_t*>(key.data_ptr()), {},
+                              reinterpret_cast<const uint16_t*>(value.data_ptr()), {},
+                              expanded_mask.data_ptr<bool>(), {},
+                              1, static_cast<int>(query.size(1)), static_cast<int>(key.size(1)),
+                              static_cast<int>(query.size(2)), static_cast<int>(key.size(2)),
+                              static_cast<int>(query.size(3)), static_cast<float>(scale)};
+    for (int i = 0; i < 4; ++i) {
+        a.query_strides[i] = query.stride(i);
+        a.key_strides[i] = key.stride(i);
+        a.value_strides[i] = value.stride(i);
+        a.mask_strides[i] = expanded_mask.stride(i);
+    }
+    return a;
+}
+
 // decoder_chain_into_cache after the layer's row attention of `query` over `key` and `value`
 // under `mask` (row_attention's operands), in the same parallel region.
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
@@ -203,22 +224,91 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
                 "decoder_layer: keys ", key.sizes(), " and values ", value.sizes(), " do not serve a query ",
                 query.sizes(), " of the residual's ", residual.sizes(), " rows");
     const at::Tensor expanded = mask.expand({1, query.size(1), rows, key.size(2)});
-    specc_cpu::RowAttention a{reinterpret_cast<const uint16_t*>(query.data_ptr()), {},
-                              reinterpret_cast<const uint16_t*>(key.data_ptr()), {},
-                              reinterpret_cast<const uint16_t*>(value.data_ptr()), {},
-                              expanded.data_ptr<bool>(), {},
-                              1, static_cast<int>(query.size(1)), static_cast<int>(key.size(1)), static_cast<int>(rows),
-                              static_cast<int>(key.size(2)), static_cast<int>(dim), static_cast<float>(scale)};
-    for (int i = 0; i < 4; ++i) {
-        a.query_strides[i] = query.stride(i);
-        a.key_strides[i] = key.stride(i);
-        a.value_strides[i] = value.stride(i);
-        a.mask_strides[i] = expanded.stride(i);
-    }
+    const specc_cpu::RowAttention a = attention_of(query, key, value, expanded, scale);
     // the chain's attention rows are the attention's output: `residual` stands in for their shape
     return chain_into_cache(residual, residual, weights, post_norm, next_norm, o_bits, gate_up_bits, down_bits,
                             next_bits, intermediate, next_features, packed_threads, eps, cos, sin, positions, k_cache,
                             v_cache, heads, next_bias, &a);
+}
+
+// decoder_layer for layers of one shape in turn, in one call: layer i attends over the first
+// `kv_length` positions of k_caches[i] and v_caches[i] and writes the next attention's keys and
+// values into k_caches[i + 1] and v_caches[i + 1]; `bits` holds each layer's o, gate_up, down and
+// next bits in turn. Returns the last layer's (residual_out, query).
+std::tuple<at::Tensor, at::Tensor> decoder_stack(
+        const at::Tensor& query_in, const at::Tensor& mask, double scale, const at::Tensor& residual,
+        at::TensorList weights, at::TensorList post_norms, at::TensorList next_norms, at::IntArrayRef bits,
+        int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps, const at::Tensor& cos,
+        const at::Tensor& sin, const at::Tensor& positions_in, int64_t kv_length, at::TensorList k_caches,
+        at::TensorList v_caches, int64_t heads, at::TensorList next_biases) {
+    const int64_t layers = static_cast<int64_t>(weights.size());
+    TORCH_CHECK_VALUE(layers >= 1 && post_norms.size() == weights.size() && next_norms.size() == weights.size()
+                    && static_cast<int64_t>(bits.size()) == 4 * layers
+                    && static_cast<int64_t>(k_caches.size()) == layers + 1 && v_caches.size() == k_caches.size()
+                    && (next_biases.empty() || next_biases.size() == weights.size()),
+                "decoder_stack takes, for each of its layers, a pack, two norms, four bits, and one bias or none; "
+                "and one more key and value cache than layers (the first layer's own), got ", weights.size(),
+                " packs, ", post_norms.size(), " and ", next_norms.size(), " norms, ", bits.size(), " bits, ",
+                k_caches.size(), " and ", v_caches.size(), " caches and ", next_biases.size(), " biases");
+    TORCH_CHECK_VALUE(query_in.dim() == 4 && query_in.scalar_type() == at::kBFloat16 && mask.dim() == 4
+                    && mask.scalar_type() == at::kBool && residual.dim() == 2 && residual.size(0) == query_in.size(2)
+                    && query_in.size(0) == 1,
+                "decoder_stack takes a bfloat16 query [1, heads, rows, head_dim], a boolean mask and bfloat16 "
+                "residual rows [rows, hidden], got ", query_in.sizes(), ", ", mask.sizes(), " and ", residual.sizes());
+    const at::Tensor query = last_axis_contiguous(query_in);
+    const int64_t rows = query.size(2), dim = query.size(3);
+    for (int64_t i = 0; i <= layers; ++i) {
+        const at::Tensor& k = k_caches[i];
+        const at::Tensor& v = v_caches[i];
+        TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == 1 && v.sizes() == k.sizes() && k.size(3) == dim
+                        && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16 && k.stride(3) == 1
+                        && v.stride(3) == 1 && kv_length >= 0 && kv_length <= k.size(2)
+                        && query.size(1) % k.size(1) == 0,
+                    "decoder_stack takes bfloat16 caches [1, kv_heads, capacity, head_dim] of one shape holding ",
+                    kv_length, " positions for a query ", query.sizes(), ", got ", k.sizes(), " and ", v.sizes());
+    }
+    const at::Tensor expanded = mask.expand({1, query.size(1), rows, kv_length});
+    const at::Tensor positions = positions_in.contiguous();
+    TORCH_CHECK_VALUE(positions.scalar_type() == at::kLong && positions.numel() == rows,
+                      "decoder_stack takes one int64 cache position a row, got ", positions.scalar_type(), " ",
+                      positions.sizes());
+    at::Tensor residual_out = at::empty({rows, residual.size(1)}, residual.options());
+    at::Tensor query_out = at::empty({rows, heads * dim}, residual.options());
+    // Layers before the last hand their residual and query on through two pairs of buffers in turn.
+    at::Tensor between_residual = at::empty({2, rows, residual.size(1)}, residual.options());
+    at::Tensor between_query = at::empty({2, rows, heads * dim}, residual.options());
+    std::vector<specc_cpu::StackLayer> stack;
+    stack.reserve(layers);
+    std::array<at::Tensor, 2> held;
+    const at::Tensor residual_rows = residual.contiguous();
+    at::Tensor previous_query = query, previous_residual = residual_rows;
+    for (int64_t i = 0; i < layers; ++i) {
+        const bool last = i == layers - 1;
+        const at::Tensor out_residual = last ? residual_out : between_residual[i % 2];
+        const at::Tensor out_query = last ? query_out : between_query[i % 2];
+        const specc_cpu::Chain c = chain_of(previous_residual, previous_residual, weights[i], post_norms[i],
+                                            next_norms[i], bits[4 * i], bits[4 * i + 1], bits[4 * i + 2],
+                                            bits[4 * i + 3], intermediate, next_features, packed_threads, eps, held);
+        const at::Tensor keys = k_caches[i].narrow(2, 0, kv_length), values = v_caches[i].narrow(2, 0, kv_length);
+        const at::Tensor& k_next = k_caches[i + 1];
+        const at::Tensor& v_next = v_caches[i + 1];
+        const specc_cpu::CacheWrite w{
+            bf16_rows("cos", cos, rows, dim), bf16_rows("sin", sin, rows, dim), positions.data_ptr<int64_t>(),
+            reinterpret_cast<uint16_t*>(k_next.data_ptr()), reinterpret_cast<uint16_t*>(v_next.data_ptr()),
+            {k_next.stride(1), k_next.stride(2)}, {v_next.stride(1), v_next.stride(2)}, k_next.size(2),
+            static_cast<int>(heads), static_cast<int>(k_next.size(1)), static_cast<int>(dim),
+            reinterpret_cast<uint16_t*>(out_query.data_ptr()),
+            next_biases.empty() ? nullptr : bf16_rows("next_bias", next_biases[i], 1, c.next.features)};
+        stack.push_back({c, w, attention_of(previous_query, keys, values, expanded, scale),
+                         reinterpret_cast<uint16_t*>(out_residual.data_ptr())});
+        previous_residual = out_residual;
+        previous_query = out_query.view({1, rows, heads, dim}).transpose(1, 2);
+    }
+    const int status = specc_cpu::decoder_stack(stack.data(), static_cast<int>(layers));
+    TORCH_CHECK_VALUE(status == 0, "decoder_stack refused its arguments (status ", status, "): a layer's q/k/v of ",
+                      next_features, " features are no ", heads, " + 2 x ", k_caches[0].size(1), " heads of ", dim,
+                      ", a position is outside the caches, or the layers differ in shape");
+    return {residual_out, query_out};
 }
 
 at::Tensor row_attention(const at::Tensor& query_in, const at::Tensor& key_in, const at::Tensor& value_in,
@@ -277,6 +367,7 @@ TORCH_LIBRARY_IMPL(specc, CPU, m) {
     m.impl("decoder_chain", &decoder_chain);
     m.impl("decoder_chain_into_cache", &decoder_chain_into_cache);
     m.impl("decoder_layer", &decoder_layer);
+    m.impl("decoder_stack", &decoder_stack);
 }
 
 namespace {
@@ -288,6 +379,14 @@ const at::Tensor& tensor_of(AtenTensorHandle handle) {
 // An optional tensor as a package passes it: a pointer to its handle, null for None.
 std::optional<at::Tensor> optional_tensor(AtenTensorHandle* handle) {
     return handle && *handle ? std::optional<at::Tensor>(tensor_of(*handle)) : std::nullopt;
+}
+
+// A package's tensor list: its handles and their count.
+std::vector<at::Tensor> tensors_of(const AtenTensorHandle* handles, int64_t count) {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(count);
+    for (int64_t i = 0; i < count; ++i) tensors.push_back(tensor_of(handles[i]));
+    return tensors;
 }
 
 // A decoder chain's two outputs handed to the package as new handles.
@@ -353,6 +452,27 @@ AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_layer(
                       next_bits, intermediate, next_features, packed_threads, eps,
                       tensor_of(cos), tensor_of(sin), tensor_of(positions), keys, values, heads,
                       optional_tensor(next_bias)),
+                  ret0, ret1);
+    });
+}
+
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_cpu_decoder_stack(
+        AtenTensorHandle query, AtenTensorHandle mask, double scale, AtenTensorHandle residual,
+        const AtenTensorHandle* weights, int64_t weights_count, const AtenTensorHandle* post_norms,
+        int64_t post_norms_count, const AtenTensorHandle* next_norms, int64_t next_norms_count, const int64_t* bits,
+        int64_t bits_count, int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps,
+        AtenTensorHandle cos, AtenTensorHandle sin, AtenTensorHandle positions, int64_t kv_length,
+        const AtenTensorHandle* k_caches, int64_t k_caches_count, const AtenTensorHandle* v_caches,
+        int64_t v_caches_count, int64_t heads, const AtenTensorHandle* next_biases, int64_t next_biases_count,
+        AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        hand_over(decoder_stack(tensor_of(query), tensor_of(mask), scale, tensor_of(residual),
+                                tensors_of(weights, weights_count), tensors_of(post_norms, post_norms_count),
+                                tensors_of(next_norms, next_norms_count), at::IntArrayRef(bits, bits_count),
+                                intermediate, next_features, packed_threads, eps, tensor_of(cos), tensor_of(sin),
+                                tensor_of(positions), kv_length, tensors_of(k_caches, k_caches_count),
+                                tensors_of(v_caches, v_caches_count), heads,
+                                tensors_of(next_biases, next_biases_count)),
                   ret0, ret1);
     });
 }
