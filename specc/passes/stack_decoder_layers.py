@@ -25,9 +25,9 @@ from specc.graph.tidy import tidy
 from specc.kernels import decoder_chain  # noqa: F401  (register torch.ops.specc.*)
 from specc.kernels.decoder_chain import named_operands
 from specc.passes.base import GraphPass, PassResult
+from specc.passes.fuse_decoder_chain import DECODER_LAYER, _calls, _users
 
 aten = torch.ops.aten
-DECODER_LAYER = torch.ops.specc.decoder_layer.default
 DECODER_STACK = torch.ops.specc.decoder_stack.default
 SHARED = ("mask", "scale", "intermediate", "next_features", "packed_threads", "eps", "cos", "sin", "cache_positions",
           "heads")
@@ -132,7 +132,7 @@ def _residual_of(layer: Layer) -> fx.Node | None:
     if not (_calls(flat, aten.reshape.default) and len(flat.users) == 1):
         return None
     shaped = flat.args[0]
-    if not (_calls(shaped, aten.reshape.default) and _users_but_sizes(shaped) == {flat}):
+    if not (_calls(shaped, aten.reshape.default) and _users(shaped) == {flat}):
         return None
     rows = shaped.args[0]
     return rows if isinstance(rows, fx.Node) and set(rows.users) == {shaped} else None
@@ -196,10 +196,12 @@ def _handed_on(layers: list[Layer]) -> set[fx.Node]:
 def _erase_unused(graph: fx.Graph, nodes: set[fx.Node]) -> None:
     """Erase `nodes`, last first, as each is left without users (the layer calls mutate their caches,
     so dead-code elimination would keep them)."""
+    erased = set()
     for node in reversed(list(graph.nodes)):
         if node in nodes and not node.users:
             graph.erase_node(node)
-    left = [node.name for node in nodes if node.graph is graph and node in set(graph.nodes)]
+            erased.add(node)
+    left = [node.name for node in nodes - erased]
     if left:
         raise AssertionError(f"stack_decoder_layers: {left} still used after stacking their layers")
 
@@ -209,11 +211,3 @@ def _same(a, b) -> bool:
     if a is b or (not isinstance(a, fx.Node) and not isinstance(b, fx.Node) and a == b):
         return True
     return _calls(a, aten.sym_size.int) and _calls(b, aten.sym_size.int) and a.args == b.args
-
-
-def _users_but_sizes(node: fx.Node) -> set[fx.Node]:
-    return {user for user in node.users if not _calls(user, aten.sym_size.int)}
-
-
-def _calls(node, *targets) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets

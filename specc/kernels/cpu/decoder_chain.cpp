@@ -407,15 +407,19 @@ bool fits(const Chain& c) {
            && c.down.features == c.hidden && fits(c.next, c.hidden);
 }
 
+
+// Whether the kernel takes a chain with this cache write and attention (either may be absent).
+bool takes(const Chain& c, const CacheWrite* cache, const specc_cpu::RowAttention* attention) {
+    return fits(c) && (!cache || writable(*cache, c.rows, c.next.features))
+           && (!attention || (attention->batch == 1 && attention->rows == c.rows
+                              && attention->heads * attention->dim == c.hidden));
+}
+
 }  // namespace
 
 int specc_cpu::decoder_chain(const Chain& c, const CacheWrite* cache, const RowAttention* attention,
                              uint16_t* residual_out, uint16_t* next_out) {
-    if (!fits(c) || (cache && !writable(*cache, c.rows, c.next.features))
-        || (attention && (attention->batch != 1 || attention->rows != c.rows
-                          || attention->heads * attention->dim != c.hidden))) {
-        return 1;
-    }
+    if (!takes(c, cache, attention)) return 1;
     const specc_cpu::TracedCall traced(specc_cpu::Traced::chain);
     run(c, cache, attention, residual_out, next_out);
     return 0;
@@ -427,9 +431,7 @@ int specc_cpu::decoder_stack(const StackLayer* layers, int count) {
     for (int i = 0; i < count; ++i) {
         const StackLayer& l = layers[i];
         const Chain& c = l.chain;
-        if (!fits(c) || !writable(l.cache, c.rows, c.next.features) || l.attention.batch != 1
-            || l.attention.rows != c.rows || l.attention.heads * l.attention.dim != c.hidden || c.rows != first.rows
-            || c.hidden != first.hidden || c.gate_up.features != first.gate_up.features
+        if (!takes(c, &l.cache, &l.attention) || c.rows != first.rows || c.hidden != first.hidden || c.gate_up.features != first.gate_up.features
             || c.next.features != first.next.features || l.attention.heads != layers[0].attention.heads
             || l.attention.kv_heads != layers[0].attention.kv_heads || l.attention.kv != layers[0].attention.kv
             || l.attention.dim != layers[0].attention.dim) {

@@ -132,6 +132,20 @@ const uint16_t* bf16_rows(const char* name, const at::Tensor& t, int64_t rows, i
     return reinterpret_cast<const uint16_t*>(t.data_ptr());
 }
 
+// The chain's cache write: q/k/v of `heads` + 2 kv heads (the caches' head_dim) rotated by `cos` and `sin`,
+// k and v written into the caches at `positions` (contiguous int64), q into `query`, `bias` added first if given.
+specc_cpu::CacheWrite cache_write_of(const specc_cpu::Chain& c, const at::Tensor& cos, const at::Tensor& sin,
+                                     const at::Tensor& positions, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     int64_t heads, const at::Tensor& query, const at::Tensor* bias) {
+    const int64_t dim = k_cache.size(3);
+    return {bf16_rows("cos", cos, c.rows, dim), bf16_rows("sin", sin, c.rows, dim), positions.data_ptr<int64_t>(),
+            reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
+            {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
+            static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
+            reinterpret_cast<uint16_t*>(query.data_ptr()),
+            bias ? bf16_rows("next_bias", *bias, 1, c.next.features) : nullptr};
+}
+
 // decoder_chain_into_cache, after `attention` when it is given (the chain's attention rows are then its output).
 std::tuple<at::Tensor, at::Tensor> chain_into_cache(
         const at::Tensor& attention, const at::Tensor& residual, const at::Tensor& weights,
@@ -155,13 +169,8 @@ std::tuple<at::Tensor, at::Tensor> chain_into_cache(
     const int64_t dim = k_cache.size(3);
     at::Tensor residual_out = at::empty({c.rows, c.hidden}, residual.options());
     at::Tensor query = at::empty({c.rows, heads * dim}, residual.options());
-    const specc_cpu::CacheWrite w{
-        bf16_rows("cos", cos, c.rows, dim), bf16_rows("sin", sin, c.rows, dim), positions.data_ptr<int64_t>(),
-        reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
-        {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
-        static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
-        reinterpret_cast<uint16_t*>(query.data_ptr()),
-        next_bias.has_value() ? bf16_rows("next_bias", *next_bias, 1, c.next.features) : nullptr};
+    const specc_cpu::CacheWrite w = cache_write_of(c, cos, sin, positions, k_cache, v_cache, heads, query,
+                                                   next_bias.has_value() ? &*next_bias : nullptr);
     const int status = specc_cpu::decoder_chain(c, &w, attended, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
                                                 nullptr);
     TORCH_CHECK_VALUE(status == 0, "decoder_chain_into_cache refused its arguments (status ", status, "): q/k/v of ",
@@ -290,15 +299,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
                                             next_norms[i], bits[4 * i], bits[4 * i + 1], bits[4 * i + 2],
                                             bits[4 * i + 3], intermediate, next_features, packed_threads, eps, held);
         const at::Tensor keys = k_caches[i].narrow(2, 0, kv_length), values = v_caches[i].narrow(2, 0, kv_length);
-        const at::Tensor& k_next = k_caches[i + 1];
-        const at::Tensor& v_next = v_caches[i + 1];
-        const specc_cpu::CacheWrite w{
-            bf16_rows("cos", cos, rows, dim), bf16_rows("sin", sin, rows, dim), positions.data_ptr<int64_t>(),
-            reinterpret_cast<uint16_t*>(k_next.data_ptr()), reinterpret_cast<uint16_t*>(v_next.data_ptr()),
-            {k_next.stride(1), k_next.stride(2)}, {v_next.stride(1), v_next.stride(2)}, k_next.size(2),
-            static_cast<int>(heads), static_cast<int>(k_next.size(1)), static_cast<int>(dim),
-            reinterpret_cast<uint16_t*>(out_query.data_ptr()),
-            next_biases.empty() ? nullptr : bf16_rows("next_bias", next_biases[i], 1, c.next.features)};
+        const specc_cpu::CacheWrite w = cache_write_of(c, cos, sin, positions, k_caches[i + 1], v_caches[i + 1],
+                                                       heads, out_query, next_biases.empty() ? nullptr : &next_biases[i]);
         stack.push_back({c, w, attention_of(previous_query, keys, values, expanded, scale),
                          reinterpret_cast<uint16_t*>(out_residual.data_ptr())});
         previous_residual = out_residual;
