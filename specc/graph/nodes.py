@@ -54,6 +54,16 @@ def calls_submodules(gm: fx.GraphModule, prefixes: tuple[str, ...]) -> bool:
     return any(n.op == "call_module" and str(n.target).startswith(prefixes) for n in gm.graph.nodes)
 
 
+def calls(node, *targets) -> bool:
+    """Whether `node` is a call of one of `targets`."""
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def value_users(node: fx.Node) -> set[fx.Node]:
+    """`node`'s users but the reads of its sizes (`quantize_linear_weights` reshapes with them)."""
+    return {user for user in node.users if not calls(user, torch.ops.aten.sym_size.int)}
+
+
 def placeholder(graph: fx.Graph, name: str) -> fx.Node | None:
     return next((n for n in graph.nodes if n.op == "placeholder" and n.target == name), None)
 

@@ -33,7 +33,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import attribute, graph_modules, stacked_name
+from specc.graph.nodes import attribute, calls, graph_modules, stacked_name, value_users
 from specc.graph.tidy import tidy
 from specc.kernels import blocked_matmul, decoder_chain, row_attention  # noqa: F401  (register torch.ops.specc.*)
 from specc.passes.base import GraphPass, PassResult
@@ -124,7 +124,7 @@ class Chain:
 
 def match_chain(next_matmul: fx.Node) -> Chain | None:
     """The chain ending at `next_matmul` (a blocked matmul of a normed residual), or None."""
-    if not _calls(next_matmul, MATMUL):
+    if not calls(next_matmul, MATMUL):
         return None
     normed_next = _unreshaped(next_matmul.args[0])
     norm_next = _rms_norm(normed_next)
@@ -241,15 +241,15 @@ def _attention_of(rows: fx.Node) -> fx.Node | None:
     """The row attention whose output `rows` (`[n, heads * head_dim]`) is, through its reshapes and
     one transpose of heads and rows, each step used there alone; else None."""
     node, transposes = rows, 0
-    while _calls(node, aten.reshape.default, aten.view.default, aten.transpose.int):
-        if _calls(node, aten.transpose.int):
+    while calls(node, aten.reshape.default, aten.view.default, aten.transpose.int):
+        if calls(node, aten.transpose.int):
             if tuple(node.args[1:]) != (1, 2):
                 return None
             transposes += 1
         node = node.args[0]
-        if len(_users(node)) != 1:
+        if len(value_users(node)) != 1:
             return None
-    return node if _calls(node, ROW_ATTENTION) and transposes == 1 and len(node.args) == 4 else None
+    return node if calls(node, ROW_ATTENTION) and transposes == 1 and len(node.args) == 4 else None
 
 
 def _available(graph: fx.Graph, node: fx.Node) -> fx.Node:
@@ -258,39 +258,30 @@ def _available(graph: fx.Graph, node: fx.Node) -> fx.Node:
     return graph.get_attr(node.target) if node.op == "get_attr" else node
 
 
-def _calls(node, *targets) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
-
-
 def _unreshaped(node):
-    return node.args[0] if _calls(node, aten.reshape.default, aten.view.default) else node
-
-
-def _users(node: fx.Node) -> set[fx.Node]:
-    """`node`'s users but the reads of its sizes (`quantize_linear_weights` reshapes with them)."""
-    return {user for user in node.users if not _calls(user, aten.sym_size.int)}
+    return node.args[0] if calls(node, aten.reshape.default, aten.view.default) else node
 
 
 def _only_user(node: fx.Node, user: fx.Node) -> bool:
-    return isinstance(node, fx.Node) and _users(node) == {user}
+    return isinstance(node, fx.Node) and value_users(node) == {user}
 
 
 def _users_within(node: fx.Node, allowed: set) -> bool:
-    return _users(node) <= allowed
+    return value_users(node) <= allowed
 
 
 def _matmul_of(reshaped) -> fx.Node | None:
     """The blocked matmul whose `[rows, out]` result `reshaped` reshapes back, used there alone."""
     matmul = _unreshaped(reshaped)
-    if matmul is reshaped or not _calls(matmul, MATMUL) or not _only_user(matmul, reshaped) \
-            or len(_users(reshaped)) != 1:
+    if matmul is reshaped or not calls(matmul, MATMUL) or not _only_user(matmul, reshaped) \
+            or len(value_users(reshaped)) != 1:
         return None
     return matmul
 
 
 def _residual_add(node) -> tuple[fx.Node, fx.Node] | None:
     """(residual, addend) of `node = residual + reshape(matmul)`, else None."""
-    if not _calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+    if not calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
         return None
     residual, addend = node.args
     return (residual, addend) if isinstance(residual, fx.Node) and isinstance(addend, fx.Node) else None
@@ -298,9 +289,9 @@ def _residual_add(node) -> tuple[fx.Node, fx.Node] | None:
 
 def _to_dtype(node, dtype: torch.dtype):
     """x of `x.to(dtype)`, else None."""
-    if _calls(node, aten.to.dtype) and len(node.args) >= 2 and node.args[1] == dtype:
+    if calls(node, aten.to.dtype) and len(node.args) >= 2 and node.args[1] == dtype:
         return node.args[0]
-    if _calls(node, aten._to_copy.default) and node.kwargs.get("dtype") == dtype and len(node.args) == 1:
+    if calls(node, aten._to_copy.default) and node.kwargs.get("dtype") == dtype and len(node.args) == 1:
         return node.args[0]
     return None
 
@@ -308,30 +299,30 @@ def _to_dtype(node, dtype: torch.dtype):
 def _rms_norm(node) -> tuple[fx.Node, fx.Node, float, fx.Node] | None:
     """(x, weight, eps, x32) of Llama's eager RMSNorm ending at `node`, its inner nodes used within it
     alone: weight * (x32 * rsqrt(mean(x32 ** 2, -1, keepdim) + eps)).to(bfloat16), x32 = x.to(float32)."""
-    if not _calls(node, aten.mul.Tensor) or len(node.args) != 2:
+    if not calls(node, aten.mul.Tensor) or len(node.args) != 2:
         return None
     weight, scaled = node.args
     if _to_dtype(scaled, torch.bfloat16) is None:
         weight, scaled = scaled, weight
     product = _to_dtype(scaled, torch.bfloat16)
     if not isinstance(weight, fx.Node) or weight.op not in ("get_attr", "placeholder") \
-            or not _calls(product, aten.mul.Tensor) or not _only_user(scaled, node) or not _only_user(product, scaled):
+            or not calls(product, aten.mul.Tensor) or not _only_user(scaled, node) or not _only_user(product, scaled):
         return None
     x32, root = product.args
-    if not _calls(root, aten.rsqrt.default) or not _only_user(root, product):
+    if not calls(root, aten.rsqrt.default) or not _only_user(root, product):
         return None
     shifted = root.args[0]
-    if not _calls(shifted, aten.add.Tensor) or not isinstance(shifted.args[1], float) or not _only_user(shifted, root):
+    if not calls(shifted, aten.add.Tensor) or not isinstance(shifted.args[1], float) or not _only_user(shifted, root):
         return None
     mean = shifted.args[0]
-    if not _calls(mean, aten.mean.dim) or list(mean.args[1]) != [-1] or not (len(mean.args) > 2 and mean.args[2]) \
+    if not calls(mean, aten.mean.dim) or list(mean.args[1]) != [-1] or not (len(mean.args) > 2 and mean.args[2]) \
             or not _only_user(mean, shifted):
         return None
     square = mean.args[0]
-    if not _calls(square, aten.pow.Tensor_Scalar) or square.args != (x32, 2) or not _only_user(square, mean):
+    if not calls(square, aten.pow.Tensor_Scalar) or square.args != (x32, 2) or not _only_user(square, mean):
         return None
     x = _to_dtype(x32, torch.float32)
-    if x is None or _users(x32) != {square, product}:
+    if x is None or value_users(x32) != {square, product}:
         return None
     return x, weight, shifted.args[1], x32
 
@@ -339,19 +330,19 @@ def _rms_norm(node) -> tuple[fx.Node, fx.Node, float, fx.Node] | None:
 def _gated(act, reshaped_act) -> fx.Node | None:
     """The gate/up matmul of `act = silu(reshape(gu[:, :I])) * reshape(gu[:, I:])`, every step used
     once, else None."""
-    if not _calls(act, aten.mul.Tensor) or len(act.args) != 2 or not _only_user(act, reshaped_act):
+    if not calls(act, aten.mul.Tensor) or len(act.args) != 2 or not _only_user(act, reshaped_act):
         return None
     activated, up = act.args
-    if not _calls(activated, aten.silu.default) or not _only_user(activated, act) or not _only_user(up, act):
+    if not calls(activated, aten.silu.default) or not _only_user(activated, act) or not _only_user(up, act):
         return None
     gate = activated.args[0]
     if not _only_user(gate, activated):
         return None
     gate_slice, up_slice = _unreshaped(gate), _unreshaped(up)
-    if not (_calls(gate_slice, aten.slice.Tensor) and _calls(up_slice, aten.slice.Tensor)):
+    if not (calls(gate_slice, aten.slice.Tensor) and calls(up_slice, aten.slice.Tensor)):
         return None
     gate_up = gate_slice.args[0]
-    if not _calls(gate_up, MATMUL) or up_slice.args[0] is not gate_up or _users(gate_up) != {gate_slice, up_slice}:
+    if not calls(gate_up, MATMUL) or up_slice.args[0] is not gate_up or value_users(gate_up) != {gate_slice, up_slice}:
         return None
     half = gate_up.args[3] // 2
     if tuple(gate_slice.args[1:]) != (1, 0, half) or tuple(up_slice.args[1:3]) != (1, half) \
@@ -374,8 +365,8 @@ def match_cache_write(projection: fx.Node) -> CacheWrites | None:
     the stacked buffer, is the pass's to set) and viewed as heads (`[1, s, -1, head_dim]`, transposed),
     q and k rotated by one cos and sin, k and v written into caches at one set of
     positions, every step used there alone."""
-    slices = sorted(_users(projection), key=lambda n: n.args[2] if _calls(n, aten.slice.Tensor) else -1)
-    if len(slices) != 3 or not all(_calls(n, aten.slice.Tensor) and n.args[1] == 1 for n in slices):
+    slices = sorted(value_users(projection), key=lambda n: n.args[2] if calls(n, aten.slice.Tensor) else -1)
+    if len(slices) != 3 or not all(calls(n, aten.slice.Tensor) and n.args[1] == 1 for n in slices):
         return None
     bounds = [(n.args[2], n.args[3]) for n in slices]
     if bounds[0][0] != 0 or bounds[0][1] != bounds[1][0] or bounds[1][1] != bounds[2][0] \
@@ -408,23 +399,23 @@ def _as_heads(columns: fx.Node) -> tuple[fx.Node, list, fx.Node | None] | None:
     """(x, the view's shape, the bias read or None) of `x = transpose(view(reshape(columns, ...) [+ bias],
     [1, s, -1, head_dim]), 1, 2)`, the bias a weight of the columns' width."""
     reshaped = _single_user(columns)
-    viewed = _single_user(reshaped) if _calls(reshaped, aten.reshape.default, aten.view.default) else None
+    viewed = _single_user(reshaped) if calls(reshaped, aten.reshape.default, aten.view.default) else None
     bias = None
-    if _calls(viewed, aten.add.Tensor) and viewed.args[0] is reshaped and isinstance(viewed.args[1], fx.Node) \
+    if calls(viewed, aten.add.Tensor) and viewed.args[0] is reshaped and isinstance(viewed.args[1], fx.Node) \
             and viewed.args[1].op == "get_attr":
         bias, viewed = viewed.args[1], _single_user(viewed)
-    if not _calls(viewed, aten.view.default, aten.reshape.default):
+    if not calls(viewed, aten.view.default, aten.reshape.default):
         return None
     shape = viewed.args[1]
     transposed = _single_user(viewed)
     if len(shape) != 4 or shape[0] != 1 or shape[2] != -1 or not isinstance(shape[3], int) \
-            or not _calls(transposed, aten.transpose.int) or tuple(transposed.args[1:]) != (1, 2):
+            or not calls(transposed, aten.transpose.int) or tuple(transposed.args[1:]) != (1, 2):
         return None
     return transposed, list(shape), bias
 
 
 def _single_user(node) -> fx.Node | None:
-    users = _users(node) if isinstance(node, fx.Node) else set()
+    users = value_users(node) if isinstance(node, fx.Node) else set()
     return next(iter(users)) if len(users) == 1 else None
 
 
@@ -432,27 +423,27 @@ def _rotated(x: fx.Node, head_dim: int) -> tuple[fx.Node, fx.Node, fx.Node] | No
     """(the result, cos, sin) of Llama's `x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)`,
     its steps used there alone."""
     half = head_dim // 2
-    users = _users(x)
+    users = value_users(x)
     if len(users) != 3:
         return None
     by_kind = {}
     for user in users:
-        if _calls(user, aten.mul.Tensor) and user.args[0] is x:
+        if calls(user, aten.mul.Tensor) and user.args[0] is x:
             by_kind["scaled"] = user
-        elif _calls(user, aten.slice.Tensor) and tuple(user.args[1:]) == (3, 0, half):
+        elif calls(user, aten.slice.Tensor) and tuple(user.args[1:]) == (3, 0, half):
             by_kind["first"] = user
-        elif _calls(user, aten.slice.Tensor) and tuple(user.args[1:3]) == (3, half) and user.args[3] in (head_dim, LAST):
+        elif calls(user, aten.slice.Tensor) and tuple(user.args[1:3]) == (3, half) and user.args[3] in (head_dim, LAST):
             by_kind["second"] = user
     if len(by_kind) != 3:
         return None
     negated = _single_user(by_kind["second"])
-    turned = _single_user(negated) if _calls(negated, aten.neg.default) else None
-    if not _calls(turned, aten.cat.default) or list(turned.args[0]) != [negated, by_kind["first"]] \
+    turned = _single_user(negated) if calls(negated, aten.neg.default) else None
+    if not calls(turned, aten.cat.default) or list(turned.args[0]) != [negated, by_kind["first"]] \
             or turned.args[1] not in (-1, 3) or _single_user(by_kind["first"]) is not turned:
         return None
     swung = _single_user(turned)
     total = _single_user(by_kind["scaled"])
-    if not _calls(swung, aten.mul.Tensor) or swung.args[0] is not turned or not _calls(total, aten.add.Tensor) \
+    if not calls(swung, aten.mul.Tensor) or swung.args[0] is not turned or not calls(total, aten.add.Tensor) \
             or set(total.args) != {by_kind["scaled"], swung} or total.args[0] is not by_kind["scaled"]:
         return None
     cos, sin = (_unsqueezed(node.args[1]) for node in (by_kind["scaled"], swung))
@@ -463,17 +454,17 @@ def _rotated(x: fx.Node, head_dim: int) -> tuple[fx.Node, fx.Node, fx.Node] | No
 
 def _unsqueezed(node) -> fx.Node | None:
     """t of `t.unsqueeze(1)`."""
-    return node.args[0] if _calls(node, aten.unsqueeze.default) and node.args[1] == 1 else None
+    return node.args[0] if calls(node, aten.unsqueeze.default) and node.args[1] == 1 else None
 
 
 def _cache_write(value: fx.Node) -> fx.Node | None:
     """The `cache.index_put_([None, None, positions], value)` of `value`, read by one slice alone."""
     write = _single_user(value)
-    if not _calls(write, aten.index_put_.default) or write.args[2] is not value or len(write.args) > 3:
+    if not calls(write, aten.index_put_.default) or write.args[2] is not value or len(write.args) > 3:
         return None
     indices = write.args[1]
     if len(indices) != 3 or indices[0] is not None or indices[1] is not None or not isinstance(indices[2], fx.Node) \
             or write.args[0].op != "placeholder":
         return None
     reader = _single_user(write)
-    return write if _calls(reader, aten.slice.Tensor) and reader.args[1] == 2 else None
+    return write if calls(reader, aten.slice.Tensor) and reader.args[1] == 2 else None

@@ -20,12 +20,12 @@ import operator
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import graph_modules
+from specc.graph.nodes import calls, graph_modules, value_users
 from specc.graph.tidy import tidy
 from specc.kernels import decoder_chain  # noqa: F401  (register torch.ops.specc.*)
 from specc.kernels.decoder_chain import named_operands
 from specc.passes.base import GraphPass, PassResult
-from specc.passes.fuse_decoder_chain import DECODER_LAYER, _calls, _users
+from specc.passes.fuse_decoder_chain import DECODER_LAYER
 
 aten = torch.ops.aten
 DECODER_STACK = torch.ops.specc.decoder_stack.default
@@ -57,7 +57,7 @@ class Layer:
     def __init__(self, node: fx.Node):
         self.node = node
         self.operands = named_operands(DECODER_LAYER, node.args)
-        outputs = {user.args[1]: user for user in node.users if _calls(user, operator.getitem)}
+        outputs = {user.args[1]: user for user in node.users if calls(user, operator.getitem)}
         self.residual_rows, self.query_rows = outputs.get(0), outputs.get(1)
         self.complete = len(outputs) == len(node.users) == 2
 
@@ -69,7 +69,7 @@ def _runs(graph: fx.Graph) -> list[list[Layer]]:
     """Runs of two layers or more, each layer following the one before."""
     runs, current = [], []
     for node in graph.nodes:
-        if not _calls(node, DECODER_LAYER):
+        if not calls(node, DECODER_LAYER):
             continue
         layer = Layer(node)
         if current and _follows(current[-1], layer, current[0]):
@@ -106,7 +106,7 @@ def _follows(previous: Layer, layer: Layer, first: Layer) -> bool:
 
 def _prefix(node) -> tuple[fx.Node, object] | None:
     """(cache, length) of `cache[:, :, :length]` (export's slice of axis 2 from 0), else None."""
-    if _calls(node, aten.slice.Tensor) and len(node.args) == 4 and node.args[1:3] == (2, 0) \
+    if calls(node, aten.slice.Tensor) and len(node.args) == 4 and node.args[1:3] == (2, 0) \
             and isinstance(node.args[0], fx.Node) and len(node.users) == 1:
         return node.args[0], node.args[3]
     return None
@@ -115,11 +115,11 @@ def _prefix(node) -> tuple[fx.Node, object] | None:
 def _query_of(layer: Layer) -> fx.Node | None:
     """The rows r of `layer`'s query `transpose(view(r, [1, s, -1, dim]), 1, 2)`, each step used there alone."""
     transposed = layer["query"]
-    if not (_calls(transposed, aten.transpose.int) and tuple(transposed.args[1:]) == (1, 2)
+    if not (calls(transposed, aten.transpose.int) and tuple(transposed.args[1:]) == (1, 2)
             and len(transposed.users) == 1):
         return None
     viewed = transposed.args[0]
-    if not (_calls(viewed, aten.view.default) and len(viewed.users) == 1):
+    if not (calls(viewed, aten.view.default) and len(viewed.users) == 1):
         return None
     rows = viewed.args[0]
     return rows if isinstance(rows, fx.Node) and len(rows.users) == 1 else None
@@ -129,10 +129,10 @@ def _residual_of(layer: Layer) -> fx.Node | None:
     """The rows r of `layer`'s residual `reshape(reshape(r, shape), [-1, hidden])`, the outer reshape
     used there alone and the inner by it (and by reads of its sizes)."""
     flat = layer["residual"]
-    if not (_calls(flat, aten.reshape.default) and len(flat.users) == 1):
+    if not (calls(flat, aten.reshape.default) and len(flat.users) == 1):
         return None
     shaped = flat.args[0]
-    if not (_calls(shaped, aten.reshape.default) and _users(shaped) == {flat}):
+    if not (calls(shaped, aten.reshape.default) and value_users(shaped) == {flat}):
         return None
     rows = shaped.args[0]
     return rows if isinstance(rows, fx.Node) and set(rows.users) == {shaped} else None
@@ -170,7 +170,7 @@ def _resize_from(graph: fx.Graph, layers: list[Layer]) -> None:
     source = _shaped_source(layers[0]["residual"])
     for layer in layers[1:]:
         shaped = layer["residual"].args[0]
-        for size in [user for user in shaped.users if _calls(user, aten.sym_size.int)]:
+        for size in [user for user in shaped.users if calls(user, aten.sym_size.int)]:
             with graph.inserting_after(source):
                 again = graph.call_function(aten.sym_size.int, (source, *size.args[1:]))
             size.replace_all_uses_with(again)
@@ -178,7 +178,7 @@ def _resize_from(graph: fx.Graph, layers: list[Layer]) -> None:
 
 def _shaped_source(flat: fx.Node) -> fx.Node | None:
     """x of the first layer's residual `reshape(x, [-1, hidden])`."""
-    return flat.args[0] if _calls(flat, aten.reshape.default) and isinstance(flat.args[0], fx.Node) else None
+    return flat.args[0] if calls(flat, aten.reshape.default) and isinstance(flat.args[0], fx.Node) else None
 
 
 def _handed_on(layers: list[Layer]) -> set[fx.Node]:
@@ -189,7 +189,7 @@ def _handed_on(layers: list[Layer]) -> set[fx.Node]:
         if index:
             transposed = layer["query"]
             nodes |= {transposed, transposed.args[0], layer["residual"], layer["residual"].args[0]}
-            nodes |= {user for user in layer["residual"].args[0].users if _calls(user, aten.sym_size.int)}
+            nodes |= {user for user in layer["residual"].args[0].users if calls(user, aten.sym_size.int)}
     return nodes
 
 
@@ -210,4 +210,4 @@ def _same(a, b) -> bool:
     """The same node, the same constant, or the same read of one tensor's size."""
     if a is b or (not isinstance(a, fx.Node) and not isinstance(b, fx.Node) and a == b):
         return True
-    return _calls(a, aten.sym_size.int) and _calls(b, aten.sym_size.int) and a.args == b.args
+    return calls(a, aten.sym_size.int) and calls(b, aten.sym_size.int) and a.args == b.args
