@@ -76,21 +76,13 @@ const uint16_t* bf16_vector(const char* name, const at::Tensor& t, int64_t size)
     return reinterpret_cast<const uint16_t*>(t.data_ptr());
 }
 
-// The chain's operands checked, with `attention` and `residual` made contiguous (kept alive in `held`).
-specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& residual_in, const at::Tensor& weights,
-                          const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits,
-                          int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate,
-                          int64_t next_features, int64_t packed_threads, double eps, std::array<at::Tensor, 2>& held) {
-    TORCH_CHECK_VALUE(attention_in.dim() == 2 && residual_in.sizes() == attention_in.sizes()
-                    && attention_in.scalar_type() == at::kBFloat16 && residual_in.scalar_type() == at::kBFloat16,
-                "decoder_chain takes bfloat16 attention and residual rows [n, hidden] of one shape, got ",
-                attention_in.scalar_type(), " ", attention_in.sizes(), " and ", residual_in.scalar_type(), " ",
-                residual_in.sizes());
-    held = {attention_in.contiguous(), residual_in.contiguous()};
-    const int rows = static_cast<int>(held[0].size(0)), hidden = static_cast<int>(held[0].size(1));
+// A layer's chain over `rows` rows of `hidden` at `attention` and `residual`, its pack and norms checked.
+specc_cpu::Chain packed_chain(const uint16_t* attention, const uint16_t* residual, int rows, int hidden,
+                              const at::Tensor& weights, const at::Tensor& post_norm, const at::Tensor& next_norm,
+                              int64_t o_bits, int64_t gate_up_bits, int64_t down_bits, int64_t next_bits,
+                              int64_t intermediate, int64_t next_features, int64_t packed_threads, double eps) {
     specc_cpu::Chain c{
-        reinterpret_cast<const uint16_t*>(held[0].data_ptr()), reinterpret_cast<const uint16_t*>(held[1].data_ptr()),
-        nullptr, static_cast<int>(packed_threads),
+        attention, residual, nullptr, static_cast<int>(packed_threads),
         {static_cast<int>(o_bits), hidden}, {static_cast<int>(gate_up_bits), static_cast<int>(2 * intermediate)},
         {static_cast<int>(down_bits), hidden}, {static_cast<int>(next_bits), static_cast<int>(next_features)},
         bf16_vector("post_norm", post_norm, hidden), bf16_vector("next_norm", next_norm, hidden),
@@ -106,6 +98,23 @@ specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& resi
                 " bytes, got ", weights.scalar_type(), " ", weights.sizes());
     c.weights = weights.data_ptr<uint8_t>();
     return c;
+}
+
+// The chain's operands checked, with `attention` and `residual` made contiguous (kept alive in `held`).
+specc_cpu::Chain chain_of(const at::Tensor& attention_in, const at::Tensor& residual_in, const at::Tensor& weights,
+                          const at::Tensor& post_norm, const at::Tensor& next_norm, int64_t o_bits,
+                          int64_t gate_up_bits, int64_t down_bits, int64_t next_bits, int64_t intermediate,
+                          int64_t next_features, int64_t packed_threads, double eps, std::array<at::Tensor, 2>& held) {
+    TORCH_CHECK_VALUE(attention_in.dim() == 2 && residual_in.sizes() == attention_in.sizes()
+                    && attention_in.scalar_type() == at::kBFloat16 && residual_in.scalar_type() == at::kBFloat16,
+                "decoder_chain takes bfloat16 attention and residual rows [n, hidden] of one shape, got ",
+                attention_in.scalar_type(), " ", attention_in.sizes(), " and ", residual_in.scalar_type(), " ",
+                residual_in.sizes());
+    held = {attention_in.contiguous(), residual_in.contiguous()};
+    return packed_chain(reinterpret_cast<const uint16_t*>(held[0].data_ptr()),
+                        reinterpret_cast<const uint16_t*>(held[1].data_ptr()), static_cast<int>(held[0].size(0)),
+                        static_cast<int>(held[0].size(1)), weights, post_norm, next_norm, o_bits, gate_up_bits,
+                        down_bits, next_bits, intermediate, next_features, packed_threads, eps);
 }
 
 std::tuple<at::Tensor, at::Tensor> decoder_chain(
@@ -136,14 +145,13 @@ const uint16_t* bf16_rows(const char* name, const at::Tensor& t, int64_t rows, i
 // k and v written into the caches at `positions` (contiguous int64), q into `query`, `bias` added first if given.
 specc_cpu::CacheWrite cache_write_of(const specc_cpu::Chain& c, const at::Tensor& cos, const at::Tensor& sin,
                                      const at::Tensor& positions, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                     int64_t heads, const at::Tensor& query, const at::Tensor* bias) {
+                                     int64_t heads, uint16_t* query, const at::Tensor* bias) {
     const int64_t dim = k_cache.size(3);
     return {bf16_rows("cos", cos, c.rows, dim), bf16_rows("sin", sin, c.rows, dim), positions.data_ptr<int64_t>(),
             reinterpret_cast<uint16_t*>(k_cache.data_ptr()), reinterpret_cast<uint16_t*>(v_cache.data_ptr()),
             {k_cache.stride(1), k_cache.stride(2)}, {v_cache.stride(1), v_cache.stride(2)}, k_cache.size(2),
             static_cast<int>(heads), static_cast<int>(k_cache.size(1)), static_cast<int>(dim),
-            reinterpret_cast<uint16_t*>(query.data_ptr()),
-            bias ? bf16_rows("next_bias", *bias, 1, c.next.features) : nullptr};
+            query, bias ? bf16_rows("next_bias", *bias, 1, c.next.features) : nullptr};
 }
 
 // decoder_chain_into_cache, after `attention` when it is given (the chain's attention rows are then its output).
@@ -169,7 +177,8 @@ std::tuple<at::Tensor, at::Tensor> chain_into_cache(
     const int64_t dim = k_cache.size(3);
     at::Tensor residual_out = at::empty({c.rows, c.hidden}, residual.options());
     at::Tensor query = at::empty({c.rows, heads * dim}, residual.options());
-    const specc_cpu::CacheWrite w = cache_write_of(c, cos, sin, positions, k_cache, v_cache, heads, query,
+    const specc_cpu::CacheWrite w = cache_write_of(c, cos, sin, positions, k_cache, v_cache, heads,
+                                                   reinterpret_cast<uint16_t*>(query.data_ptr()),
                                                    next_bias.has_value() ? &*next_bias : nullptr);
     const int status = specc_cpu::decoder_chain(c, &w, attended, reinterpret_cast<uint16_t*>(residual_out.data_ptr()),
                                                 nullptr);
@@ -209,6 +218,28 @@ specc_cpu::RowAttention attention_of(const at::Tensor& query, const at::Tensor& 
         a.value_strides[i] = value.stride(i);
         a.mask_strides[i] = expanded_mask.stride(i);
     }
+    return a;
+}
+
+// `a` over another layer's caches [1, kv_heads, capacity, head_dim], of the shape `a`'s were (checked by the caller).
+specc_cpu::RowAttention over_caches(specc_cpu::RowAttention a, const at::Tensor& key, const at::Tensor& value) {
+    a.keys = reinterpret_cast<const uint16_t*>(key.data_ptr());
+    a.values = reinterpret_cast<const uint16_t*>(value.data_ptr());
+    for (int i = 0; i < 4; ++i) {
+        a.key_strides[i] = key.stride(i);
+        a.value_strides[i] = value.stride(i);
+    }
+    return a;
+}
+
+// `a` for a query given as rows [rows, heads * dim] (a chain's cache write), read as [1, heads, rows, dim].
+specc_cpu::RowAttention with_row_major_query(specc_cpu::RowAttention a, const uint16_t* query) {
+    const int64_t row = static_cast<int64_t>(a.heads) * a.dim;
+    a.query = query;
+    a.query_strides[0] = a.rows * row;
+    a.query_strides[1] = a.dim;
+    a.query_strides[2] = row;
+    a.query_strides[3] = 1;
     return a;
 }
 
@@ -261,7 +292,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
                 k_caches.size(), " and ", v_caches.size(), " caches and ", next_biases.size(), " biases");
     TORCH_CHECK_VALUE(query_in.dim() == 4 && query_in.scalar_type() == at::kBFloat16 && mask.dim() == 4
                     && mask.scalar_type() == at::kBool && residual.dim() == 2 && residual.size(0) == query_in.size(2)
-                    && query_in.size(0) == 1,
+                    && residual.scalar_type() == at::kBFloat16 && query_in.size(0) == 1,
                 "decoder_stack takes a bfloat16 query [1, heads, rows, head_dim], a boolean mask and bfloat16 "
                 "residual rows [rows, hidden], got ", query_in.sizes(), ", ", mask.sizes(), " and ", residual.sizes());
     const at::Tensor query = last_axis_contiguous(query_in);
@@ -272,7 +303,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
         TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == 1 && v.sizes() == k.sizes() && k.size(3) == dim
                         && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16 && k.stride(3) == 1
                         && v.stride(3) == 1 && kv_length >= 0 && kv_length <= k.size(2)
-                        && query.size(1) % k.size(1) == 0,
+                        && query.size(1) % k.size(1) == 0 && k.size(1) == k_caches[0].size(1),
                     "decoder_stack takes bfloat16 caches [1, kv_heads, capacity, head_dim] of one shape holding ",
                     kv_length, " positions for a query ", query.sizes(), ", got ", k.sizes(), " and ", v.sizes());
     }
@@ -281,30 +312,35 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     TORCH_CHECK_VALUE(positions.scalar_type() == at::kLong && positions.numel() == rows,
                       "decoder_stack takes one int64 cache position a row, got ", positions.scalar_type(), " ",
                       positions.sizes());
-    at::Tensor residual_out = at::empty({rows, residual.size(1)}, residual.options());
+    const at::Tensor residual_rows = residual.contiguous();
+    const int hidden = static_cast<int>(residual_rows.size(1));
+    at::Tensor residual_out = at::empty({rows, hidden}, residual.options());
     at::Tensor query_out = at::empty({rows, heads * dim}, residual.options());
-    // Layers before the last hand their residual and query on through two pairs of buffers in turn.
-    at::Tensor between_residual = at::empty({2, rows, residual.size(1)}, residual.options());
+    // Layers before the last hand their residual and query on through two pairs of buffers in turn,
+    // found by offsets: views made per layer (dispatched ops on a cold cache) cost more than the step's attention.
+    at::Tensor between_residual = at::empty({2, rows, hidden}, residual.options());
     at::Tensor between_query = at::empty({2, rows, heads * dim}, residual.options());
+    const specc_cpu::RowAttention first = attention_of(query, k_caches[0].narrow(2, 0, kv_length),
+                                                       v_caches[0].narrow(2, 0, kv_length), expanded, scale);
     std::vector<specc_cpu::StackLayer> stack;
     stack.reserve(layers);
-    std::array<at::Tensor, 2> held;
-    const at::Tensor residual_rows = residual.contiguous();
-    at::Tensor previous_query = query, previous_residual = residual_rows;
+    const uint16_t* residual_in = reinterpret_cast<const uint16_t*>(residual_rows.data_ptr());
     for (int64_t i = 0; i < layers; ++i) {
         const bool last = i == layers - 1;
-        const at::Tensor out_residual = last ? residual_out : between_residual[i % 2];
-        const at::Tensor out_query = last ? query_out : between_query[i % 2];
-        const specc_cpu::Chain c = chain_of(previous_residual, previous_residual, weights[i], post_norms[i],
-                                            next_norms[i], bits[4 * i], bits[4 * i + 1], bits[4 * i + 2],
-                                            bits[4 * i + 3], intermediate, next_features, packed_threads, eps, held);
-        const at::Tensor keys = k_caches[i].narrow(2, 0, kv_length), values = v_caches[i].narrow(2, 0, kv_length);
+        uint16_t* out_residual = reinterpret_cast<uint16_t*>((last ? residual_out : between_residual).data_ptr())
+                                 + (last ? 0 : (i % 2) * rows * hidden);
+        uint16_t* out_query = reinterpret_cast<uint16_t*>((last ? query_out : between_query).data_ptr())
+                              + (last ? 0 : (i % 2) * rows * heads * dim);
+        const specc_cpu::Chain c = packed_chain(residual_in, residual_in, static_cast<int>(rows), hidden, weights[i],
+                                                post_norms[i], next_norms[i], bits[4 * i], bits[4 * i + 1],
+                                                bits[4 * i + 2], bits[4 * i + 3], intermediate, next_features,
+                                                packed_threads, eps);
         const specc_cpu::CacheWrite w = cache_write_of(c, cos, sin, positions, k_caches[i + 1], v_caches[i + 1],
                                                        heads, out_query, next_biases.empty() ? nullptr : &next_biases[i]);
-        stack.push_back({c, w, attention_of(previous_query, keys, values, expanded, scale),
-                         reinterpret_cast<uint16_t*>(out_residual.data_ptr())});
-        previous_residual = out_residual;
-        previous_query = out_query.view({1, rows, heads, dim}).transpose(1, 2);
+        specc_cpu::RowAttention a = over_caches(first, k_caches[i], v_caches[i]);
+        if (i > 0) a = with_row_major_query(a, stack.back().cache.query);
+        stack.push_back({c, w, a, out_residual});
+        residual_in = out_residual;
     }
     const int status = specc_cpu::decoder_stack(stack.data(), static_cast<int>(layers));
     TORCH_CHECK_VALUE(status == 0, "decoder_stack refused its arguments (status ", status, "): a layer's q/k/v of ",
