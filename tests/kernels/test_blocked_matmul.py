@@ -132,3 +132,17 @@ def test_a_source_that_does_not_compile_fails_with_the_compiler_output(monkeypat
     with pytest.raises(build.KernelBuildError, match="compiling specc's CPU kernel broken.cpp"):
         build.load_library("broken")
     assert not list((tmp_path / "cache").rglob("*.so")), "nothing half-written is left"
+
+
+def _cpuinfo(vendor: str, family: int, flags: str) -> str:
+    processor = f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 17\nflags\t\t: fpu sse2 avx2 {flags}\n"
+    return processor + "\n" + processor   # /proc/cpuinfo repeats itself for each processor
+
+
+def test_only_a_zen_4_builds_without_the_4_and_8_bit_tiles_requests():
+    zen4 = build.tuning_flags(_cpuinfo("AuthenticAMD", 25, "avx512f avx512bw avx512_vnni"))
+    assert zen4 == (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",)   # the 6-bit tiles keep theirs
+    assert build.tuning_flags(_cpuinfo("AuthenticAMD", 25, "fma f16c")) == ()            # Zen 3
+    assert build.tuning_flags(_cpuinfo("AuthenticAMD", 26, "avx512f avx512bw")) == ()    # Zen 5
+    assert build.tuning_flags(_cpuinfo("GenuineIntel", 6, "avx512f avx512bw")) == ()
+    assert build.tuning_flags("") == ()

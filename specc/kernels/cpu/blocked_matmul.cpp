@@ -43,6 +43,14 @@ constexpr int kRowTile = 4;
 // and nearer requests left the core time to keep up when the memory delivered more: the
 // measurements are in docs/quantization.md ("Memory").
 constexpr int kPrefetchBytes = 6144;
+// Which widths' tiles make those requests block by block: a mask of 1 << bits, chosen for the CPU by
+// build.py (`tuning_flags`): on a Zen 4 the 4- and 8-bit tiles streamed faster without them, the
+// hardware prefetchers keeping up alone, and the 6-bit ones slower (benchmarks/NOTES.md).
+#ifndef SPECC_BLOCK_REQUESTS
+#define SPECC_BLOCK_REQUESTS ((1 << 4) | (1 << 6) | (1 << 8))
+#endif
+template <int Bits>
+constexpr bool kRequestsBlocks = ((SPECC_BLOCK_REQUESTS) >> Bits) & 1;
 
 using specc_cpu::bf16_to_float;
 using specc_cpu::float_to_bf16;
@@ -278,7 +286,7 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
         const uint8_t* sub_mins = sub_scales + kTile * size;
         for (int j = 0; j < size; ++j) {
             const int b = first + j;
-            prefetch_share(group, per_block, j);
+            if constexpr (kRequestsBlocks<Bits>) prefetch_share(group, per_block, j);
             const __m512 scales = _mm512_mul_ps(group_scales, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub_scales + kTile * j)))));
             const __m512 mins = _mm512_mul_ps(group_mins, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -474,7 +482,7 @@ void tile_rows_vector(const uint8_t* tile, int blocks, const QuantizedRows& a, i
         const uint8_t* sub_mins = sub_scales + kTile * size;
         for (int j = 0; j < size; ++j) {
             const int b = first + j;
-            prefetch_share(group, per_block, j);
+            if constexpr (kRequestsBlocks<Bits>) prefetch_share(group, per_block, j);
             const uint8_t* values = group + header_bytes(size) + j * block_value_bytes<Bits>();
             const int8_t* qa = rows_values + b * kBlock;
             if constexpr (Bits == 4) {
