@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
         s.attention = {l ? query_out[l - 1].data() : query.data(), {}, caches[2 * l].data(), {},
                        caches[2 * l + 1].data(), {}, mask, {0, 0, 0, 1}, 1, m.heads, m.kv_heads, 1, kv + 1, m.dim,
                        0.125f};
-        const int64_t query_strides[4] = {static_cast<int64_t>(m.heads) * m.dim, m.dim, static_cast<int64_t>(m.heads) * m.dim, 1};
+        const int64_t row = static_cast<int64_t>(m.heads) * m.dim;
+        const int64_t query_strides[4] = {row, m.dim, row, 1};   // rows [1, heads * dim] read as [1, heads, 1, dim]
         std::copy(query_strides, query_strides + 4, s.attention.query_strides);
         std::copy(cache_strides, cache_strides + 4, s.attention.key_strides);
         std::copy(cache_strides, cache_strides + 4, s.attention.value_strides);

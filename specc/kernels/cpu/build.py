@@ -49,12 +49,20 @@ def compiler() -> str | None:
     return None
 
 
-def _cpu_identity() -> str:
+@cache
+def _cpuinfo() -> str | None:
+    """/proc/cpuinfo's text, or None on a system without it."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
+        return None
+
+
+def _cpu_identity() -> str:
+    cpuinfo = _cpuinfo()
+    if cpuinfo is None:
         return platform.processor() or platform.machine()
-    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    wanted = [line for line in cpuinfo.splitlines() if line.startswith(("model name", "flags"))][:2]
     return "\n".join(wanted) or platform.machine()
 
 
@@ -71,13 +79,8 @@ def tuning_flags(cpuinfo: str) -> tuple[str, ...]:
     return (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",) if zen4 else ()
 
 
-@cache
 def _flags() -> tuple[str, ...]:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    return (*FLAGS, *tuning_flags(cpuinfo))
+    return (*FLAGS, *tuning_flags(_cpuinfo() or ""))
 
 
 def _compiler_version(cxx: str) -> str:
