@@ -5,7 +5,8 @@
 // stack with every layer on the first layer's pack ("hot": its weights in the caches where one
 // layer fits them, what the arithmetic costs), all alternating in one process, order rotated every
 // repeat. Where the stack takes about hot + read, the memory's time adds to the arithmetic's
-// instead of hiding under it.
+// instead of hiding under it. The packs lie on 2 MiB pages, as an engine's weights do
+// (specc/host/huge_pages.py), and a copy on 4 KiB pages runs the stack and the read beside them.
 //
 //   g++ -O3 -march=native -fopenmp -std=c++17 -o /tmp/stack_stream benchmarks/stack_stream.cpp
 //       specc/kernels/cpu/{blocked_matmul,decoder_chain,row_attention,call_trace}.cpp -ldl
@@ -30,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <random>
@@ -58,17 +60,30 @@ std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng) {
 
 std::vector<uint16_t> bf16_values(size_t n, uint16_t value) { return std::vector<uint16_t>(n, value); }
 
+// `layers` packs of `bytes` back to back in one anonymous mapping, on 2 MiB pages where `huge` asks
+// the kernel for them (and it lends them), else on 4 KiB pages.
+uint8_t* packs_on_pages(const std::vector<std::vector<uint8_t>>& packs, size_t bytes, bool huge) {
+    constexpr size_t kPage = 2u << 20;
+    const size_t total = (packs.size() * bytes + kPage - 1) / kPage * kPage;
+    void* mapping = mmap(nullptr, total + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapping == MAP_FAILED) return nullptr;
+    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(mapping) + kPage - 1) / kPage * kPage);
+    madvise(base, total, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    for (size_t l = 0; l < packs.size(); ++l) std::memcpy(base + l * bytes, packs[l].data(), bytes);
+    return base;
+}
+
 // Every pack read once by the region's threads, each its own share of each pack, as the stack reads them.
-uint64_t read_all(const std::vector<std::vector<uint8_t>>& packs) {
+uint64_t read_all(const uint8_t* packs, int layers, size_t bytes) {
     uint64_t total = 0;
 #pragma omp parallel reduction(+ : total)
     {
         const int threads = omp_get_num_threads(), thread = omp_get_thread_num();
         __m256i sum = _mm256_setzero_si256();
-        for (const auto& pack : packs) {
-            const size_t lines = pack.size() / 32, share = lines / threads;
+        for (int l = 0; l < layers; ++l) {
+            const size_t lines = bytes / 32, share = lines / threads;
             const size_t first = thread * share, last = thread == threads - 1 ? lines : first + share;
-            const auto* p = reinterpret_cast<const __m256i*>(pack.data());
+            const auto* p = reinterpret_cast<const __m256i*>(packs + l * bytes);
             for (size_t i = first; i < last; ++i) sum = _mm256_add_epi64(sum, _mm256_loadu_si256(p + i));
         }
         alignas(32) uint64_t lanes[4];
@@ -97,6 +112,12 @@ int main(int argc, char** argv) {
     std::vector<std::vector<uint8_t>> packs;
     std::vector<std::vector<uint16_t>> caches;   // k then v of each layer's cache, and one more pair
     for (int l = 0; l < m.layers; ++l) packs.push_back(random_bytes(layer_bytes, rng));
+    const uint8_t* huge = packs_on_pages(packs, layer_bytes, true);
+    const uint8_t* small = packs_on_pages(packs, layer_bytes, false);
+    if (!huge || !small) {
+        std::fprintf(stderr, "stack_stream: no memory for the packs\n");
+        return 1;
+    }
     for (int c = 0; c < 2 * (m.layers + 1); ++c) {
         caches.push_back(bf16_values(static_cast<size_t>(m.kv_heads) * capacity * m.dim, 0x3c00));
     }
@@ -114,7 +135,7 @@ int main(int argc, char** argv) {
         specc_cpu::StackLayer s{};
         s.chain = shape;
         s.chain.residual = l ? residual_out[l - 1].data() : residual.data();
-        s.chain.weights = packs[l].data();
+        s.chain.weights = huge + l * layer_bytes;
         s.chain.post_norm = s.chain.next_norm = norm.data();
         s.cache = {cos.data(), sin.data(), &position, caches[2 * l + 2].data(), caches[2 * l + 3].data(),
                    {cache_strides[1], cache_strides[2]}, {cache_strides[1], cache_strides[2]}, capacity,
@@ -130,11 +151,23 @@ int main(int argc, char** argv) {
         s.residual_out = residual_out[l].data();
         stack.push_back(s);
     }
-    std::vector<specc_cpu::StackLayer> hot = stack;
-    for (auto& l : hot) l.chain.weights = packs[0].data();
-    // Systems: this build's stack, the stack hot, the plain read, then each library's stack.
-    std::vector<Stack> builds = {specc_cpu::decoder_stack};
-    std::vector<std::string> names = {"stack", "hot", "plain read"};
+    std::vector<specc_cpu::StackLayer> hot = stack, on_small_pages = stack;
+    for (int l = 0; l < m.layers; ++l) {
+        hot[l].chain.weights = huge;
+        on_small_pages[l].chain.weights = small + l * layer_bytes;
+    }
+    // Each system runs a build's stack over some layers, or (no build) reads the packs at `read`.
+    struct System {
+        std::string name;
+        Stack build;
+        const std::vector<specc_cpu::StackLayer>* layers;
+        const uint8_t* read;
+    };
+    std::vector<System> systems = {{"stack", specc_cpu::decoder_stack, &stack, nullptr},
+                                   {"hot", specc_cpu::decoder_stack, &hot, nullptr},
+                                   {"plain read", nullptr, nullptr, huge},
+                                   {"stack, 4 KiB pages", specc_cpu::decoder_stack, &on_small_pages, nullptr},
+                                   {"plain read, 4 KiB pages", nullptr, nullptr, small}};
     for (int a = 4; a < argc; ++a) {
         void* library = dlopen(argv[a], RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);   // its own kernels, not ours
         void* symbol = library ? dlsym(library, kStackSymbol) : nullptr;
@@ -142,21 +175,21 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "stack_stream: %s has no specc_cpu::decoder_stack: %s\n", argv[a], dlerror());
             return 2;
         }
-        builds.push_back(reinterpret_cast<Stack>(symbol));
-        names.push_back(argv[a]);
+        systems.push_back({argv[a], reinterpret_cast<Stack>(symbol), &stack, nullptr});
     }
     constexpr int kSteps = 10;
-    const int systems = static_cast<int>(names.size());
-    std::vector<double> seconds(systems);
+    const int count = static_cast<int>(systems.size());
+    std::vector<double> seconds(count);
     uint64_t sink = 0;
     for (int repeat = 0; repeat <= repeats; ++repeat) {
-        for (int i = 0; i < systems; ++i) {
-            const int v = (i + repeat) % systems;
+        for (int i = 0; i < count; ++i) {
+            const int v = (i + repeat) % count;
+            const System& system = systems[v];
             const double start = now();
             for (int step = 0; step < kSteps; ++step) {
-                if (v == 2) {
-                    sink += read_all(packs);
-                } else if ((v < 2 ? builds[0] : builds[v - 2])((v == 1 ? hot : stack).data(), m.layers) != 0) {
+                if (!system.build) {
+                    sink += read_all(system.read, m.layers, layer_bytes);
+                } else if (system.build(system.layers->data(), m.layers) != 0) {
                     std::fprintf(stderr, "stack_stream: decoder_stack refused the layers\n");
                     return 1;
                 }
@@ -167,9 +200,9 @@ int main(int argc, char** argv) {
     const double steps = static_cast<double>(repeats) * kSteps, bytes = static_cast<double>(layer_bytes) * m.layers;
     std::printf("%s, %d threads, kv %d, %d repeats x %d steps (%.1f MB of weights a step):\n", name.c_str(), threads,
                 kv, repeats, kSteps, bytes / 1e6);
-    for (int v = 0; v < systems; ++v) {
+    for (int v = 0; v < count; ++v) {
         const double time = seconds[v] / steps;
-        std::printf("  %-40s %9.1f us a step  %5.1f GB/s  %.3f of the stack's time\n", names[v].c_str(), time * 1e6,
+        std::printf("  %-40s %9.1f us a step  %5.1f GB/s  %.3f of the stack's time\n", systems[v].name.c_str(), time * 1e6,
                     bytes / time / 1e9, seconds[v] / seconds[0]);
     }
     std::printf("  stack / (hot + read) %.2f%s\n", seconds[0] / (seconds[1] + seconds[2]), sink == 1 ? " " : "");

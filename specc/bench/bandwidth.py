@@ -3,7 +3,9 @@
 Decoding one token with batch 1 reads every weight once, so no `none`
 engine decodes faster than (bytes read per second) / (weight bytes per
 token). The read rate is timed as torch's sum over a float32 buffer far
-larger than the caches, with the threads the benchmark uses.
+larger than the caches, with the threads the benchmark uses, on huge pages
+where the kernel lends them, as engines hold their weights and caches
+(`specc.host.huge_pages`), since a buffer on 4 KiB pages reads slower.
 
 On a shared (virtual) machine what the memory delivers drifts by tens of
 percent over minutes (seen here: 30 to 53 GB/s on the same two cores), and
@@ -35,6 +37,7 @@ import torch.fx as fx
 
 from specc.graph.nodes import ATTENTION_WINDOW, attribute, graph_modules
 from specc.graph.signature import CACHE_ROLE
+from specc.host.huge_pages import huge_page_bytes, on_huge_pages
 
 BUFFER_BYTES = 256 * 2**20
 PASSES = 5
@@ -44,7 +47,7 @@ WARMUP_SECONDS = 0.2
 def read_bandwidth(buffer_bytes: int = BUFFER_BYTES, passes: int = PASSES,
                    warmup_seconds: float = WARMUP_SECONDS) -> float:
     """Bytes per second one torch reduction reads: the best of `passes` after a warm-up."""
-    buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+    buffer = on_huge_pages({"buffer": torch.ones(buffer_bytes // 4, dtype=torch.float32)})["buffer"]
     warm_until = time.perf_counter() + warmup_seconds
     buffer.sum()   # touch every page before timing
     while time.perf_counter() < warm_until:
@@ -108,7 +111,8 @@ def decode_bound(weight_bytes: int, samples: list[float], kv_cache_bytes: float 
             "weights_only_bound_tokens_per_second": median / weight_bytes,
             "measured_by": f"median of {len(samples)} sample(s) taken between repeats, each the best of "
                            f"{PASSES} torch sums over a {BUFFER_BYTES // 2**20} MiB float32 buffer after a "
-                           f"{WARMUP_SECONDS:g} s warm-up, {torch.get_num_threads()} thread(s)"}
+                           f"{WARMUP_SECONDS:g} s warm-up, {torch.get_num_threads()} thread(s)"
+                           f"{', on huge pages' if huge_page_bytes() else ''}"}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specc.host.huge_pages import on_huge_pages
+
 
 class KVCache:
     """`[1, kv_heads, slots, head_dim]` keys and values for each layer.
@@ -17,7 +19,8 @@ class KVCache:
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (1, kv_heads, max_seq_len + 1, head_dim)
         self.max_seq_len = max_seq_len
-        self.tensors = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)]
+        zeros = {i: torch.zeros(shape, dtype=dtype, device=device) for i in range(2 * num_layers)}
+        self.tensors = list(on_huge_pages(zeros).values())   # a step reads every layer's keys and values
 
     def commit(self, base: int, accepted_offsets: list[int]) -> None:
         """Move the accepted tree rows (at base + offset) to base + 0, 1, 2, …

@@ -1,0 +1,65 @@
+"""One CPU engine loaded twice, its weights and key/value caches on 4 KiB pages in one and on 2 MiB
+huge pages in the other (`specc.host.huge_pages`), decoding the same prompts in turn in one process.
+
+    OMP_NUM_THREADS=2 python benchmarks/pages_side_by_side.py build/smol/none-q4 --rounds 8
+
+The 4 KiB copy is made by torch's own allocator, which asks for no huge pages: what a kernel whose
+page cache maps a weight file in 4 KiB pages gives an engine that reads the file in place. Prints
+each copy's median time over the rounds, their ratio, and whether their tokens agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import specc.engine.loaded as loaded
+import specc.runtime.kv_cache as kv_cache
+from specc.host.huge_pages import huge_page_bytes, on_huge_pages
+
+PROMPTS = ("def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
+           "Explain in two paragraphs why the sky is blue.")
+
+
+def on_small_pages(tensors: dict) -> dict:
+    return {name: tensor.clone() if tensor.device.type == "cpu" else tensor for name, tensor in tensors.items()}
+
+
+def load_on(path: str, place):
+    """The engine at `path` with its weights and caches placed by `place`."""
+    loaded.on_huge_pages = kv_cache.on_huge_pages = place
+    try:
+        return loaded.load_engine(path, device="cpu")
+    finally:
+        loaded.on_huge_pages = kv_cache.on_huge_pages = on_huge_pages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    if not huge_page_bytes():
+        raise SystemExit("pages_side_by_side: this kernel lends no huge pages (or SPECC_HUGE_PAGES=0)")
+    engines = {"4 KiB pages": load_on(args.engine, on_small_pages), "2 MiB pages": load_on(args.engine, on_huge_pages)}
+    prompts = [engines["2 MiB pages"].encode(prompt) for prompt in PROMPTS]
+    seconds = {name: [] for name in engines}
+    tokens = {}
+    for round_ in range(args.rounds + 1):   # round 0 warms both up
+        for name in (list(engines) if round_ % 2 else list(engines)[::-1]):
+            start = time.perf_counter()
+            tokens[name] = [engines[name].generate_ids(ids, args.max_new_tokens).token_ids for ids in prompts]
+            if round_:
+                seconds[name].append(time.perf_counter() - start)
+    for name, times in seconds.items():
+        print(f"{name}: median {statistics.median(times):.3f} s over {len(times)} rounds "
+              f"({', '.join(f'{t:.3f}' for t in times)})")
+    ratio = statistics.median(seconds["2 MiB pages"]) / statistics.median(seconds["4 KiB pages"])
+    print(f"time on 2 MiB pages / time on 4 KiB pages: {ratio:.3f}; tokens "
+          f"{'identical' if tokens['4 KiB pages'] == tokens['2 MiB pages'] else 'DIFFERENT'}")
+
+
+if __name__ == "__main__":
+    main()
