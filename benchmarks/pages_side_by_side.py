@@ -3,8 +3,9 @@ huge pages in the other (`specc.host.huge_pages`), decoding the same prompts in 
 
     OMP_NUM_THREADS=2 python benchmarks/pages_side_by_side.py build/smol/none-q4 --rounds 8
 
-The 4 KiB copy is made by torch's own allocator, which asks for no huge pages: what a kernel whose
-page cache maps a weight file in 4 KiB pages gives an engine that reads the file in place. Prints
+The 4 KiB copies (of the packed weights, and the caches) are made by torch's own allocator, which
+asks for no huge pages: what a kernel whose page cache maps a weight file in 4 KiB pages gives an
+engine that reads the file in place. Prints
 each copy's median time over the rounds, their ratio, and whether their tokens agree.
 """
 
@@ -16,23 +17,29 @@ import time
 
 import specc.engine.loaded as loaded
 import specc.runtime.kv_cache as kv_cache
+from specc.engine.packed_pages import packed_on_huge_pages
 from specc.host.huge_pages import huge_page_bytes, on_huge_pages
 
 PROMPTS = ("def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
            "Explain in two paragraphs why the sky is blue.")
 
 
-def on_small_pages(tensors: dict) -> dict:
-    return {name: tensor.clone() if tensor.device.type == "cpu" else tensor for name, tensor in tensors.items()}
+def packed_on_small_pages(path, tensors: dict) -> dict:
+    return tensors | {name: t.clone() for name, t in tensors.items() if not t.is_floating_point() and t.device.type == "cpu"}
 
 
-def load_on(path: str, place):
-    """The engine at `path` with its weights and caches placed by `place`."""
-    loaded.on_huge_pages = kv_cache.on_huge_pages = place
+def caches_on_small_pages(tensors: dict) -> dict:
+    return dict(tensors)   # torch.zeros made them
+
+
+def load_on(path: str, small: bool):
+    """The engine at `path`, its packed weights and caches on 4 KiB pages if `small`, else on huge pages."""
+    loaded.packed_on_huge_pages = packed_on_small_pages if small else packed_on_huge_pages
+    kv_cache.on_huge_pages = caches_on_small_pages if small else on_huge_pages
     try:
         return loaded.load_engine(path, device="cpu")
     finally:
-        loaded.on_huge_pages = kv_cache.on_huge_pages = on_huge_pages
+        loaded.packed_on_huge_pages, kv_cache.on_huge_pages = packed_on_huge_pages, on_huge_pages
 
 
 def main() -> None:
@@ -43,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     if not huge_page_bytes():
         raise SystemExit("pages_side_by_side: this kernel lends no huge pages (or SPECC_HUGE_PAGES=0)")
-    engines = {"4 KiB pages": load_on(args.engine, on_small_pages), "2 MiB pages": load_on(args.engine, on_huge_pages)}
+    engines = {"4 KiB pages": load_on(args.engine, small=True), "2 MiB pages": load_on(args.engine, small=False)}
     prompts = [engines["2 MiB pages"].encode(prompt) for prompt in PROMPTS]
     seconds = {name: [] for name in engines}
     tokens = {}

@@ -75,3 +75,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def huge_pages_lent(monkeypatch, tmp_path):
+    """A kernel that lends 2 MiB huge pages on request (`madvise`), whatever this machine's says;
+    returns its setting's file, which a test may rewrite."""
+    from specc.host import huge_pages
+    setting, size = tmp_path / "thp-enabled", tmp_path / "thp-hpage_pmd_size"
+    setting.write_text("always [madvise] never\n")
+    size.write_text(f"{2 * 2**20}\n")
+    monkeypatch.setattr(huge_pages, "SETTING", setting)
+    monkeypatch.setattr(huge_pages, "PAGE_SIZE", size)
+    monkeypatch.delenv(huge_pages.ENV_VAR, raising=False)
+    return setting

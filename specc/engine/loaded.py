@@ -17,13 +17,13 @@ from specc.contract.sampling import SamplingConfig
 from specc.engine.aligned_weights import ALIGNMENT
 from specc.engine.composition import engine_runtime, with_load_time_settings
 from specc.engine.method_config import read_method_config
+from specc.engine.packed_pages import packed_on_huge_pages
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
 from specc.graph.serialize import graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
 from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
-from specc.host.huge_pages import on_huge_pages
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
 from specc.lower.cuda_graphs import ROW_BUCKETS, CudaGraphs
 from specc.lower.registry import get_backend
@@ -245,7 +245,8 @@ def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
     for name, entry in manifest["graphs"].items():
         source = entry["source"]
         if source not in weights:
-            tensors = on_huge_pages(aligned_packed_weights(load_file(str(path / entry["weights"]), device=str(device))))
+            file = path / entry["weights"]
+            tensors = packed_on_huge_pages(file, aligned_packed_weights(load_file(str(file), device=str(device))))
             for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
                 tensors[alias] = tensors[original]
             weights[source] = tensors | added

@@ -8,7 +8,7 @@ Linux backs anonymous memory with them where a mapping asks (`madvise(MADV_HUGEP
 default setting `madvise`, or everywhere under `always`; under `never`, or where the kernel has
 no such setting, tensors stay where they are. A weight file mapped in place gets them only where
 the kernel's page cache holds the file in large folios (recent kernels, some filesystems), so
-loading copies the weights rather than depend on that.
+loading reads the packed weights onto them rather than depend on that (`specc.engine.packed_pages`).
 
 The tensors are copied once, at load time, into one anonymous mapping aligned to the huge page
 size, each at a 64-byte line as torch's own allocator places them; the values, shapes, dtypes and
@@ -56,26 +56,30 @@ def huge_page_buffer(nbytes: int, page: int) -> torch.Tensor:
 def on_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`tensors` with every contiguous CPU tensor copied into one buffer on huge pages; the others,
     and all of them where huge pages are not lent or would not fill one, as they were."""
-    page = huge_page_bytes()
     moved = {name: t for name, t in tensors.items() if t.device.type == "cpu" and t.is_contiguous() and t.numel()}
-    offsets, total = _line_offsets(moved)
-    if not page or total < page:
+    slots = huge_page_slots({name: t.numel() * t.element_size() for name, t in moved.items()})
+    if slots is None:
         return dict(tensors)
-    buffer = huge_page_buffer(total, page)
-    placed = dict(tensors)
-    for name, tensor in moved.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        copy = buffer[offsets[name]:offsets[name] + nbytes].view(tensor.dtype).view(tensor.shape)
-        placed[name] = copy.copy_(tensor)
-    return placed
+    return tensors | {name: slot_as(slots[name], t).copy_(t) for name, t in moved.items()}
 
 
-def _line_offsets(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, int], int]:
+def huge_page_slots(sizes: dict[str, int]) -> dict[str, torch.Tensor] | None:
+    """A uint8 slot of `sizes[name]` bytes for each name, each on a 64-byte line, all in one buffer
+    on huge pages; None where huge pages are not lent or the slots would not fill one."""
+    page = huge_page_bytes()
     offsets, total = {}, 0
-    for name, tensor in tensors.items():
+    for name, nbytes in sizes.items():
         offsets[name] = total
-        total += -(-tensor.numel() * tensor.element_size() // LINE) * LINE
-    return offsets, total
+        total += -(-nbytes // LINE) * LINE
+    if not page or total < page:
+        return None
+    buffer = huge_page_buffer(total, page)
+    return {name: buffer[offsets[name]:offsets[name] + sizes[name]] for name in sizes}
+
+
+def slot_as(slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The bytes of `slot` seen with `like`'s dtype and shape."""
+    return slot.view(like.dtype).view(like.shape)
 
 
 def _address(mapping: mmap.mmap) -> int:

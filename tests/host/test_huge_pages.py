@@ -9,22 +9,10 @@ import pytest
 import torch
 
 from specc.host import huge_pages
-from specc.host.huge_pages import huge_page_buffer, huge_page_bytes, on_huge_pages
+from specc.host.huge_pages import huge_page_buffer, huge_page_bytes, huge_page_slots, on_huge_pages
 from specc.runtime.kv_cache import KVCache
 
 PAGE = 2 * 2**20
-
-
-@pytest.fixture
-def lent(monkeypatch, tmp_path):
-    """A kernel that lends 2 MiB huge pages on request (`madvise`), whatever this machine's says."""
-    setting, size = tmp_path / "enabled", tmp_path / "hpage_pmd_size"
-    setting.write_text("always [madvise] never\n")
-    size.write_text(f"{PAGE}\n")
-    monkeypatch.setattr(huge_pages, "SETTING", setting)
-    monkeypatch.setattr(huge_pages, "PAGE_SIZE", size)
-    monkeypatch.delenv(huge_pages.ENV_VAR, raising=False)
-    return setting
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -35,7 +23,7 @@ def _tensors() -> dict[str, torch.Tensor]:
             "transposed": torch.randn(8, 4, generator=generator).t()}
 
 
-def test_moved_tensors_keep_their_values_and_start_on_lines(lent):
+def test_moved_tensors_keep_their_values_and_start_on_lines(huge_pages_lent):
     tensors = _tensors()
     moved = on_huge_pages(tensors)
     assert list(moved) == list(tensors)
@@ -48,15 +36,15 @@ def test_moved_tensors_keep_their_values_and_start_on_lines(lent):
     assert moved["transposed"] is tensors["transposed"]   # strides are kept, so only contiguous tensors move
 
 
-def test_the_buffer_starts_on_a_huge_page_and_asks_for_them(lent):
+def test_the_buffer_starts_on_a_huge_page_and_asks_for_them(huge_pages_lent):
     buffer = huge_page_buffer(PAGE + 100, PAGE)
     assert buffer.numel() == PAGE + 100 and buffer.data_ptr() % PAGE == 0 and not buffer.any()
     assert "hg" in _vm_flags(buffer.data_ptr())   # madvise(MADV_HUGEPAGE) took
 
 
 @pytest.mark.parametrize("setting, env", [("always madvise [never]", None), ("always [madvise] never", "0")])
-def test_nothing_moves_where_huge_pages_are_refused(lent, monkeypatch, setting, env):
-    lent.write_text(setting)
+def test_nothing_moves_where_huge_pages_are_refused(huge_pages_lent, monkeypatch, setting, env):
+    huge_pages_lent.write_text(setting)
     if env is not None:
         monkeypatch.setenv(huge_pages.ENV_VAR, env)
     tensors = _tensors()
@@ -64,17 +52,24 @@ def test_nothing_moves_where_huge_pages_are_refused(lent, monkeypatch, setting, 
     assert all(moved is tensors[name] for name, moved in on_huge_pages(tensors).items())
 
 
-def test_nothing_moves_where_the_kernel_has_no_setting(lent, monkeypatch, tmp_path):
+def test_nothing_moves_where_the_kernel_has_no_setting(huge_pages_lent, monkeypatch, tmp_path):
     monkeypatch.setattr(huge_pages, "SETTING", tmp_path / "missing")
     assert huge_page_bytes() == 0
 
 
-def test_tensors_smaller_than_a_page_stay(lent):
+def test_tensors_smaller_than_a_page_stay(huge_pages_lent):
     small = {"a": torch.ones(10), "b": torch.zeros(3, 3)}
     assert all(moved is small[name] for name, moved in on_huge_pages(small).items())
 
 
-def test_kv_caches_share_one_buffer_on_huge_pages(lent):
+def test_slots_start_on_lines_in_one_buffer(huge_pages_lent):
+    slots = huge_page_slots({"a": 100, "b": PAGE, "c": 1})
+    assert [slots[name].numel() for name in "abc"] == [100, PAGE, 1]
+    assert slots["b"].data_ptr() - slots["a"].data_ptr() == 128 and slots["c"].data_ptr() - slots["b"].data_ptr() == PAGE
+    assert huge_page_slots({"a": 100}) is None   # would not fill a page
+
+
+def test_kv_caches_share_one_buffer_on_huge_pages(huge_pages_lent):
     cache = KVCache(num_layers=4, kv_heads=2, head_dim=64, max_seq_len=4096, dtype=torch.bfloat16)
     first = cache.tensors[0].data_ptr()
     bytes_each = cache.tensors[0].numel() * 2

@@ -1,0 +1,53 @@
+"""A quantized engine's packed weights read from its file onto huge pages: the same values, dtypes
+and shapes, on lines of their own buffer; floating-point tensors stay as loaded; nothing moves
+where huge pages are not lent."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from specc.engine.aligned_weights import save_aligned
+from specc.engine.packed_pages import packed_on_huge_pages, tensor_offsets
+
+PAGE = 2 * 2**20
+
+
+def _weights(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"layers.0.packed": torch.randint(0, 256, (PAGE + 77,), dtype=torch.uint8, generator=generator),
+               "embedding": torch.randn(50, 64, generator=generator).to(torch.bfloat16),
+               "layers.1.packed": torch.randint(0, 256, (3, 1000), dtype=torch.uint8, generator=generator),
+               "positions": torch.arange(9, dtype=torch.int64)}
+    path = tmp_path / "w.safetensors"
+    save_aligned(tensors, path)
+    return path, tensors
+
+
+def test_packed_tensors_are_read_onto_huge_pages(tmp_path, huge_pages_lent):
+    path, written = _weights(tmp_path)
+    loaded = load_file(str(path))
+    placed = packed_on_huge_pages(path, loaded)
+    assert list(placed) == list(loaded)
+    for name, tensor in written.items():
+        assert placed[name].dtype == tensor.dtype and placed[name].shape == tensor.shape
+        assert torch.equal(placed[name], tensor)
+    assert placed["embedding"] is loaded["embedding"]
+    integers = ("layers.0.packed", "layers.1.packed", "positions")
+    assert all(placed[name].data_ptr() != loaded[name].data_ptr() for name in integers)
+    assert all(placed[name].data_ptr() % 64 == 0 for name in integers)
+
+
+def test_nothing_moves_where_huge_pages_are_not_lent(tmp_path, huge_pages_lent):
+    huge_pages_lent.write_text("always madvise [never]")
+    path, _ = _weights(tmp_path)
+    loaded = load_file(str(path))
+    assert all(placed is loaded[name] for name, placed in packed_on_huge_pages(path, loaded).items())
+
+
+def test_offsets_point_at_each_tensors_bytes(tmp_path):
+    path, written = _weights(tmp_path)
+    data = path.read_bytes()
+    for name, start in tensor_offsets(path).items():
+        tensor = written[name]
+        assert data[start:start + tensor.numel() * tensor.element_size()] == tensor.view(torch.uint8).numpy().tobytes()
