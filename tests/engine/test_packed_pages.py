@@ -51,3 +51,27 @@ def test_offsets_point_at_each_tensors_bytes(tmp_path):
     for name, start in tensor_offsets(path).items():
         tensor = written[name]
         assert data[start:start + tensor.numel() * tensor.element_size()] == tensor.view(torch.uint8).numpy().tobytes()
+
+
+def test_an_engine_on_huge_pages_decodes_what_it_does_in_place(tmp_path, huge_pages_lent, monkeypatch):
+    """A tiny q4 engine, its packed weights and caches placed as on huge pages (pages of 4 KiB here, so that
+    its small tensors move), generates the tokens it generates reading its file in place."""
+    from specc.cli.main import main
+    from specc.engine.loaded import load_engine
+    from specc.host import huge_pages
+    from specc.testing.checkpoints import build_tiny_checkpoint
+
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "model")
+    engine = tmp_path / "engine"
+    assert main(["compile", str(checkpoint), "--method", "none", "--backend", "eager", "--dtype", "bfloat16",
+                 "--quantize", "q4", "--max-seq-len", "64", "-o", str(engine)]) == 0
+    small_page = tmp_path / "small-page"
+    small_page.write_text("4096\n")
+    monkeypatch.setattr(huge_pages, "PAGE_SIZE", small_page)
+    placed = load_engine(engine, device="cpu")
+    caches = placed.runtime.target.cache.tensors
+    assert caches[1].data_ptr() - caches[0].data_ptr() == caches[0].numel() * caches[0].element_size()
+    monkeypatch.setenv(huge_pages.ENV_VAR, "0")
+    in_place = load_engine(engine, device="cpu")
+    prompt = placed.encode("w5 w6 w7")
+    assert placed.generate_ids(prompt, 16).token_ids == in_place.generate_ids(prompt, 16).token_ids
