@@ -89,3 +89,14 @@ def _vm_flags(address: int) -> str:
         elif inside and line.startswith("VmFlags:"):
             return line
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.parametrize("offset", [0, 4096, PAGE - 4096])
+def test_the_buffer_fits_its_mapping_wherever_the_mapping_starts(huge_pages_lent, monkeypatch, offset):
+    """Kernels that do not align a large mapping to a huge page leave the buffer starting inside the
+    mapping's first page; the advice then still covers only mapped memory."""
+    monkeypatch.setattr(huge_pages, "_address", lambda mapping: PAGE * 16 + offset)
+    buffer = huge_page_buffer(PAGE + 100, PAGE)
+    assert buffer.numel() == PAGE + 100
+    buffer[-1] = 7   # inside the mapping
+    assert "hg" in _vm_flags(buffer.data_ptr()) and "hg" in _vm_flags(buffer.data_ptr() + PAGE + 99)
