@@ -8,6 +8,7 @@ import re
 
 import torch
 
+from specc.host.cpuinfo import cpu_model
 from specc.host.threads import chosen_threads
 
 # Where the benchmark runs HF models and engines: specc engines run on CPU today.
@@ -18,7 +19,7 @@ def machine_info() -> dict:
     info = {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "processor": _cpu_model() or platform.processor(),
+        "processor": cpu_model() or platform.processor(),
         "cpu_count": os.cpu_count(),
         "torch_threads": chosen_threads()[0],
         "torch_threads_reason": chosen_threads()[1],
@@ -50,17 +51,6 @@ def device_label(device: str = "cpu") -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
 
 
 def _total_memory_bytes() -> int | None:

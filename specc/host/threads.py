@@ -26,6 +26,8 @@ import contextlib
 import os
 import time
 
+from specc.host.cpuinfo import cpuinfo_text, physical_core_ids
+
 ENV_VARS = ("SPECC_THREADS", "OMP_NUM_THREADS")
 MAX_DEFAULT_THREADS = 4
 BUSY_SAMPLE_SECONDS = 0.2
@@ -33,27 +35,9 @@ BUSY_SAMPLE_SECONDS = 0.2
 
 def physical_cores() -> int:
     """Physical cores (hyper-threads not counted), from /proc/cpuinfo when it says, else os.cpu_count()."""
-    try:
-        seen = set()
-        physical_id = core_id = None
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "physical id":
-                    physical_id = value.strip()
-                elif key == "core id":
-                    core_id = value.strip()
-                elif not key and core_id is not None:
-                    seen.add((physical_id, core_id))
-                    physical_id = core_id = None
-        if core_id is not None:
-            seen.add((physical_id, core_id))
-        if seen:
-            return len(seen)
-    except OSError:
-        pass
-    return os.cpu_count() or 1
+    text = cpuinfo_text()
+    cores = physical_core_ids(text) if text is not None else set()
+    return len(cores) or os.cpu_count() or 1
 
 
 def available_cpus() -> int:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from specc.console.progress import progress_bar
 from specc.data.corpora import CorpusSelection
 from specc.data.files import write_directory_atomically
+from specc.host.cpuinfo import cpu_flags
 from specc.refmodels.specs import REFERENCE_FILE, TRAINER_VERSION, ReferenceSpec, TrainingPlan
 from specc.refmodels.tokenizer import encode_documents, endoftext_id, save_tokenizer, train_tokenizer
 
@@ -315,11 +316,7 @@ def _autocast_dtype(device: torch.device, hidden_size: int) -> torch.dtype | Non
 
 def _cpu_has_native_bf16() -> bool:
     # Without these units oneDNN emulates bf16 and autocast is slower than float32.
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def _precision_name(autocast_dtype: torch.dtype | None) -> str:

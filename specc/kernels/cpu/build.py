@@ -29,6 +29,7 @@ from pathlib import Path
 
 from specc.data.files import cache_root
 from specc.errors import SpeccError
+from specc.host.cpuinfo import cpuinfo_text, first_processor
 
 SOURCES = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -49,17 +50,8 @@ def compiler() -> str | None:
     return None
 
 
-@cache
-def _cpuinfo() -> str | None:
-    """/proc/cpuinfo's text, or None on a system without it."""
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-
-
 def _cpu_identity() -> str:
-    cpuinfo = _cpuinfo()
+    cpuinfo = cpuinfo_text()
     if cpuinfo is None:
         return platform.processor() or platform.machine()
     wanted = [line for line in cpuinfo.splitlines() if line.startswith(("model name", "flags"))][:2]
@@ -70,17 +62,14 @@ def tuning_flags(cpuinfo: str) -> tuple[str, ...]:
     """Defines that tune the kernels to the CPU `cpuinfo` (/proc/cpuinfo's text) describes. AMD's Zen 4
     (family 25 with AVX-512; Zen 3, the same family, has none) streams 4- and 8-bit tiles faster
     without blocked_matmul's per-block memory requests, and 6-bit tiles slower (benchmarks/NOTES.md)."""
-    fields = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    fields = first_processor(cpuinfo)
     zen4 = (fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
             and "avx512f" in fields.get("flags", "").split())
     return (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",) if zen4 else ()
 
 
 def _flags() -> tuple[str, ...]:
-    return (*FLAGS, *tuning_flags(_cpuinfo() or ""))
+    return (*FLAGS, *tuning_flags(cpuinfo_text() or ""))
 
 
 def _compiler_version(cxx: str) -> str:
