@@ -67,8 +67,9 @@ _REFERENCE_NAMES = {"hf-greedy": "HF greedy", "specc-none": "specc none (same dt
 
 
 def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool) -> list[str]:
+    width = _name_width(labels[system] for system in group["systems"])
     lines = [f"== {name} ({group['prompts']} prompts) ==",
-             f"  {'system':<30} {'tok/s median [min-max]':<26} {'engine speedup over it':<24} identical to HF"]
+             f"  {'system':<{width}} {'tok/s median [min-max]':<26} {'engine speedup over it':<24} identical to HF"]
     for system, entry in group["systems"].items():
         speed = _spread(entry["tokens_per_second"], "{:.1f}")
         over = _spread(group["speedup"][system], "{:.2f}x") if system in group["speedup"] else "—"
@@ -77,7 +78,7 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
         agreement = entry.get("agreement_with_engine")
         if agreement:
             same_text += f" (same tokens as the engine on {agreement['identical']}/{agreement['total']})"
-        lines.append(f"  {labels[system]:<30} {speed:<26} {over:<24} {same_text}")
+        lines.append(f"  {labels[system]:<{width}} {speed:<26} {over:<24} {same_text}")
     engine = group["systems"][ENGINE]
     if "acceptance" in engine:
         lines.append("  " + _acceptance_line(engine["acceptance"]))
@@ -87,6 +88,11 @@ def _group_lines(name: str, group: dict, labels: dict, method: str, brief: bool)
     if not brief:
         lines += ["  " + line for line in _prediction_lines(group["prediction"])]
     return lines
+
+
+def _name_width(names) -> int:
+    """The systems' column: 30 characters, or wider where a name (llama.cpp's) needs it."""
+    return max(30, *(len(name) + 1 for name in names))
 
 
 def _acceptance_line(acc: dict) -> str:
@@ -189,8 +195,9 @@ def _share_range(values: list) -> str:
 
 def _memory_lines(memory: dict, labels: dict) -> list[str]:
     lines = [f"memory ({memory['method']}); process peak {_mib(memory['process_peak_rss_bytes'])}:"]
+    width = _name_width(labels[name] for name in memory["systems"])
     for name, entry in memory["systems"].items():
-        lines.append(f"  {labels[name]:<30} weights {_mib(entry['weights_bytes']):>10}   "
+        lines.append(f"  {labels[name]:<{width}} weights {_mib(entry['weights_bytes']):>10}   "
                      f"peak RSS {_mib(entry['peak_rss_bytes']):>10}   growth during a run "
                      f"{_mib(entry['peak_growth_bytes']):>10}")
     normalized = memory.get("memory_normalized_speedup")

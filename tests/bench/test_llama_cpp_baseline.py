@@ -101,6 +101,10 @@ def test_bench_runs_llama_cpp_beside_the_engine_with_ratios_and_agreement(fake_l
     assert agreement["total"] == 2 and agreement["identical"] == 0   # the fake's tokens are its own
     assert len([r for r in doc["runs"] if r["system"] == LLAMA_CPP]) == 2
     assert "llama.cpp (llama-cpp-python), greedy" in captured.out and "same tokens as the engine on 0/2" in captured.out
+    header = next(line for line in captured.out.splitlines() if "tok/s median [min-max]" in line)
+    llama_line = next(line for line in captured.out.splitlines() if line.startswith("  llama.cpp (llama-cpp-python), greedy"))
+    column = header.index("tok/s median")
+    assert llama_line[column - 1] == " " and llama_line[column].isdigit(), "its figures under the header, not shifted"
 
 
 def test_without_llama_cpp_python_the_error_names_the_extra(engine, monkeypatch, capsys):
