@@ -17,11 +17,11 @@ from specc.contract.sampling import SamplingConfig
 from specc.engine.aligned_weights import ALIGNMENT
 from specc.engine.composition import engine_runtime, with_load_time_settings
 from specc.engine.method_config import read_method_config
-from specc.engine.packed_pages import packed_on_huge_pages
+from specc.engine.weight_pages import weights_on_huge_pages
 from specc.engine.save import ADDED_WEIGHTS
 from specc.engine.verify import read_verified_manifest
 from specc.errors import UsageError
-from specc.graph.serialize import graph_from_json
+from specc.graph.serialize import attributes_streamed, graph_from_json
 from specc.graph.signature import GraphSignature, static_sizes
 from specc.host.device import device_kind, does_not_fit, move_graph, resolve_device
 from specc.lower.backend import RUN_TIME_SEGMENTS, Backend, LoweringTarget
@@ -63,7 +63,7 @@ class LoadedEngine:
                                               list(settings))
         start = time.perf_counter()
         try:
-            targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device)
+            targets = _lowering_targets(path, manifest, self.dtype, self.max_seq_len, device, backend)
             whole = {name: t for name, t in targets.items() if manifest["graphs"][name].get("lowered", True)}
             graphs = {name: exact_calls(backend.load(target, path / "compiled", manifest), target,
                                         backend.row_exactness) for name, target in whole.items()}
@@ -226,8 +226,8 @@ def _replayed_from_cuda_graphs(graphs: dict, targets: dict, backend: Backend, de
 
 
 def _lowering_targets(path: Path, manifest: dict, dtype: torch.dtype, max_seq_len: int,
-                      device: torch.device) -> dict[str, LoweringTarget]:
-    modules = _load_graphs(path, manifest, device)
+                      device: torch.device, backend: Backend) -> dict[str, LoweringTarget]:
+    modules = _load_graphs(path, manifest, device, backend.runs_graph_weights)
     targets = {}
     for name, module in modules.items():
         entry = manifest["graphs"][name]
@@ -237,7 +237,10 @@ def _lowering_targets(path: Path, manifest: dict, dtype: torch.dtype, max_seq_le
     return targets
 
 
-def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
+def _load_graphs(path: Path, manifest: dict, device: torch.device, runs_graph_weights: bool) -> dict:
+    """`runs_graph_weights`: the backend streams the graphs' own float weights, so those are read
+    onto huge pages too (`weight_pages`)."""
+    graph_jsons = {name: json.loads((path / "graphs" / f"{name}.json").read_text()) for name in manifest["graphs"]}
     weights: dict[str, dict[str, torch.Tensor]] = {}
     # Parameters a method trained are stored once, beside the source weights they extend.
     added = load_file(str(path / ADDED_WEIGHTS), device=str(device)) if ADDED_WEIGHTS in manifest["files"] else {}
@@ -245,14 +248,23 @@ def _load_graphs(path: Path, manifest: dict, device: torch.device) -> dict:
     for name, entry in manifest["graphs"].items():
         source = entry["source"]
         if source not in weights:
+            aliases = manifest.get("weight_aliases", {}).get(source, {})
+            streamed = _streamed_by(graph_jsons, manifest, source, aliases) if runs_graph_weights else set()
             file = path / entry["weights"]
-            tensors = packed_on_huge_pages(file, aligned_packed_weights(load_file(str(file), device=str(device))))
-            for alias, original in manifest.get("weight_aliases", {}).get(source, {}).items():
+            tensors = weights_on_huge_pages(file, aligned_packed_weights(load_file(str(file), device=str(device))),
+                                            floats=streamed)
+            for alias, original in aliases.items():
                 tensors[alias] = tensors[original]
             weights[source] = tensors | added
-        graph_json = json.loads((path / "graphs" / f"{name}.json").read_text())
-        modules[name] = move_graph(graph_from_json(graph_json, weights[source]), device)
+        modules[name] = move_graph(graph_from_json(graph_jsons[name], weights[source]), device)
     return modules
+
+
+def _streamed_by(graph_jsons: dict[str, dict], manifest: dict, source: str, aliases: dict[str, str]) -> set[str]:
+    """The weights of `source` that some graph reading them reads whole, by their names in its file."""
+    names = set().union(*(attributes_streamed(graph_jsons[name]) for name, entry in manifest["graphs"].items()
+                          if entry["source"] == source))
+    return {aliases.get(name, name) for name in names}
 
 
 def aligned_packed_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from specc.graph.nodes import ATTENTION_WINDOW, PADDED_ROWS, WINDOWED_MASK, attr
 FORMAT = "specc-fx-graph/1"
 _OP_NAMESPACES = ("aten", "prims", "specc")
 _PYTHON_MODULES = {"operator": operator, "math": math}
+EMBEDDING = "torch.ops.aten.embedding.default"
 
 
 def graph_to_json(gm: fx.GraphModule) -> dict:
@@ -52,6 +53,40 @@ def graph_from_json(data: dict, attributes: dict[str, torch.Tensor], prefix: str
     gm = fx.GraphModule(root, graph)
     gm.graph.lint()
     return gm
+
+
+def attributes_streamed(data: dict, prefix: str = "") -> set[str]:
+    """The attributes (by full dotted name) a serialized graph or its submodules read as a whole:
+    every one some node takes as an argument, except a table only looked up by `aten.embedding`,
+    which a call reads a row at a time."""
+    attributes = {spec["name"]: prefix + spec["target"] for spec in data["nodes"] if spec["op"] == "get_attr"}
+    streamed = set()
+    for spec in data["nodes"]:
+        if spec["op"] == "get_attr":
+            continue
+        arguments = [spec["args"], spec["kwargs"]]
+        if spec["target"] == EMBEDDING and spec["args"].get("tuple"):
+            arguments = [spec["args"]["tuple"][1:], spec["kwargs"]]   # the table is the first argument
+        streamed |= {attributes[name] for name in _referenced(arguments) if name in attributes}
+    for name, child in data.get("submodules", {}).items():
+        streamed |= attributes_streamed(child, f"{prefix}{name}.")
+    return streamed
+
+
+def _referenced(value) -> set[str]:
+    """The node names an encoded argument refers to."""
+    if isinstance(value, list):
+        return set().union(*map(_referenced, value))
+    if not isinstance(value, dict):
+        return set()
+    (kind, payload), = value.items()
+    if kind == "node":
+        return {payload}
+    if kind in ("list", "tuple"):
+        return _referenced(payload)
+    if kind == "dict":
+        return _referenced(list(payload.values()))
+    return set()
 
 
 def _node_to_json(node: fx.Node) -> dict:

@@ -8,7 +8,9 @@ Linux backs anonymous memory with them where a mapping asks (`madvise(MADV_HUGEP
 default setting `madvise`, or everywhere under `always`; under `never`, or where the kernel has
 no such setting, tensors stay where they are. A weight file mapped in place gets them only where
 the kernel's page cache holds the file in large folios (recent kernels, some filesystems), so
-loading reads the packed weights onto them rather than depend on that (`specc.engine.packed_pages`).
+loading reads the streamed weights onto them rather than depend on that (`specc.engine.weight_pages`),
+and memory an AOTInductor package allocates for its own weights is collapsed onto them
+(`specc.host.collapsed_pages`).
 
 The tensors are copied once, at load time, into one anonymous mapping aligned to the huge page
 size, each at a 64-byte line as torch's own allocator places them; the values, shapes, dtypes and

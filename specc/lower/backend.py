@@ -49,6 +49,7 @@ class Backend:
     ahead_of_time: bool = False     # `package` writes artifacts into the engine at compile time
     compiles_lazily: bool = False   # the first call per shape compiles: the loader warms graphs up
     cuda_graphs: bool = False       # on CUDA, calls replay captured CUDA graphs (`specc.lower.cuda_graphs`)
+    runs_graph_weights: bool = False   # calls read the graph's own weight tensors (not a copy of its own)
     # Whether its kernels compute a row alike in calls of any row count, or need padding in
     # reduced precision: the one fact about exactness a backend declares (`specc.runtime.exactness`).
     row_exactness: RowExactness = RowExactness.ANY_ROWS

@@ -29,6 +29,7 @@ class InductorBackend(Backend):
     help = "compile each graph with torch.compile (Inductor) when the engine loads"
     capabilities = frozenset({RUN_TIME_SEGMENTS, EXTRA_INPUTS, EXTRA_OUTPUTS})
     cuda_graphs = True
+    runs_graph_weights = True
     compiles_lazily = True
 
     row_exactness = RowExactness.PADDED   # bfloat16 calls of fewer rows run padded, as under eager
