@@ -64,9 +64,16 @@ needs_shared_text = pytest.mark.skipif(
 )
 
 
+# The thread count is part of a CPU build's cache key (it shapes the trained weights), and the
+# default follows the machine's load, which moves while tests run beside each other: fix it.
+MICRO_THREADS = 1
+
+
 @pytest.fixture(scope="module")
 def micro_checkpoint(tmp_path_factory) -> Path:
-    return build_from_spec(MICRO, tmp_path_factory.mktemp("cache"), progress=False, device="cpu")
+    return build_from_spec(
+        MICRO, tmp_path_factory.mktemp("cache"), progress=False, device="cpu", threads=MICRO_THREADS
+    )
 
 
 # --- tokenizer ---------------------------------------------------------------
@@ -210,7 +217,7 @@ def test_micro_training_lowers_the_loss_and_records_metrics(micro_checkpoint):
 
 
 def test_same_seed_gives_identical_weights(micro_checkpoint, tmp_path):
-    rebuilt = build_from_spec(MICRO, tmp_path, progress=False, device="cpu")
+    rebuilt = build_from_spec(MICRO, tmp_path, progress=False, device="cpu", threads=MICRO_THREADS)
 
     assert rebuilt.name == micro_checkpoint.name
     first = load_file(micro_checkpoint / "model.safetensors")
@@ -227,7 +234,8 @@ def test_cached_checkpoint_is_reused_without_training(micro_checkpoint, monkeypa
         raise AssertionError("the cached checkpoint should have been reused")
 
     monkeypatch.setattr(train, "train_reference_model", fail)
-    assert build_from_spec(MICRO, micro_checkpoint.parent, progress=False) == micro_checkpoint
+    reused = build_from_spec(MICRO, micro_checkpoint.parent, progress=False, threads=MICRO_THREADS)
+    assert reused == micro_checkpoint
 
 
 def test_a_different_spec_gets_a_different_cache_entry(micro_checkpoint, monkeypatch):
@@ -237,7 +245,8 @@ def test_a_different_spec_gets_a_different_cache_entry(micro_checkpoint, monkeyp
     monkeypatch.setattr(train, "train_reference_model", lambda *args, **kwargs: calls.append(args))
     changed = dataclasses.replace(MICRO, training=dataclasses.replace(MICRO.training, seed=7))
 
-    assert build_from_spec(changed, micro_checkpoint.parent, progress=False) != micro_checkpoint
+    rebuilt = build_from_spec(changed, micro_checkpoint.parent, progress=False, threads=MICRO_THREADS)
+    assert rebuilt != micro_checkpoint
     assert len(calls) == 1
 
 
@@ -250,7 +259,7 @@ def test_a_corrupt_reference_file_triggers_a_rebuild(micro_checkpoint, monkeypat
     calls = []
     monkeypatch.setattr(train, "train_reference_model", lambda *args, **kwargs: calls.append(args))
 
-    build_from_spec(MICRO, tmp_path, progress=False)
+    build_from_spec(MICRO, tmp_path, progress=False, threads=MICRO_THREADS)
     assert len(calls) == 1
 
 
