@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from specc.graph.nodes import ATTENTION_WINDOW, attribute, graph_modules
+from specc.graph.nodes import ATTENTION_WINDOW, ROW_LOOKUPS, attribute, graph_modules
 from specc.graph.signature import CACHE_ROLE
 from specc.host.huge_pages import huge_page_bytes, on_huge_pages
 
@@ -74,9 +74,6 @@ class BandwidthSamples:
         if not self.values:
             self()
         return decode_bound(weight_bytes, self.values, kv_cache_bytes)
-
-
-ROW_LOOKUPS = (torch.ops.aten.embedding.default,)
 
 
 def decode_read_bytes(gm: fx.GraphModule) -> int:

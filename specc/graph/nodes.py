@@ -13,6 +13,8 @@ WINDOWED_MASK = "specc_windowed_mask"         # a mask node's meta: the window i
 # An attention call's meta: the query rows up to which it computes each row alike (padded to them, or row by row).
 PADDED_ROWS = "specc_padded_rows"
 ROW_ATTENTION = "specc.row_attention.default"   # the row-by-row attention kernel, by name (graph/ imports no kernels)
+# Ops that read their first argument, a table, a row at a time: a step does not stream that table.
+ROW_LOOKUPS = (torch.ops.aten.embedding.default,)
 FROZEN_COPIES = "specc_frozen_copies"         # a GraphModule's meta: attributes holding copies of frozen weights
 _LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 

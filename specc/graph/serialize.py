@@ -15,12 +15,11 @@ import torch
 import torch.fx as fx
 
 from specc.errors import SpeccError
-from specc.graph.nodes import ATTENTION_WINDOW, PADDED_ROWS, WINDOWED_MASK, attribute
+from specc.graph.nodes import ATTENTION_WINDOW, PADDED_ROWS, ROW_LOOKUPS, WINDOWED_MASK, attribute
 
 FORMAT = "specc-fx-graph/1"
 _OP_NAMESPACES = ("aten", "prims", "specc")
 _PYTHON_MODULES = {"operator": operator, "math": math}
-EMBEDDING = "torch.ops.aten.embedding.default"
 
 
 def graph_to_json(gm: fx.GraphModule) -> dict:
@@ -57,15 +56,16 @@ def graph_from_json(data: dict, attributes: dict[str, torch.Tensor], prefix: str
 
 def attributes_streamed(data: dict, prefix: str = "") -> set[str]:
     """The attributes (by full dotted name) a serialized graph or its submodules read as a whole:
-    every one some node takes as an argument, except a table only looked up by `aten.embedding`,
-    which a call reads a row at a time."""
+    every one some node takes as an argument, except a table only looked up (`ROW_LOOKUPS`), which
+    a call reads a row at a time."""
+    lookups = {op_name(op) for op in ROW_LOOKUPS}
     attributes = {spec["name"]: prefix + spec["target"] for spec in data["nodes"] if spec["op"] == "get_attr"}
     streamed = set()
     for spec in data["nodes"]:
         if spec["op"] == "get_attr":
             continue
         arguments = [spec["args"], spec["kwargs"]]
-        if spec["target"] == EMBEDDING and spec["args"].get("tuple"):
+        if spec["target"] in lookups and spec["args"].get("tuple"):
             arguments = [spec["args"]["tuple"][1:], spec["kwargs"]]   # the table is the first argument
         streamed |= {attributes[name] for name in _referenced(arguments) if name in attributes}
     for name, child in data.get("submodules", {}).items():
@@ -108,7 +108,7 @@ def _encode_target(node: fx.Node) -> str:
         namespace = target.namespace
         if namespace not in _OP_NAMESPACES:
             raise SpeccError(f"node {node.name} calls {target}, outside the serializable namespaces {_OP_NAMESPACES}")
-        return f"torch.ops.{namespace}.{target._opname}.{target._overloadname}"
+        return op_name(target)
     module = getattr(target, "__module__", None)
     name = getattr(target, "__name__", None)
     if module in ("_operator", "operator") and hasattr(operator, name):
@@ -116,6 +116,11 @@ def _encode_target(node: fx.Node) -> str:
     if module == "math" or (module == "torch" and name.startswith("sym_")):
         return f"{'math' if module == 'math' else 'torch'}.{name}"
     raise SpeccError(f"node {node.name} calls {target!r}, which an engine cannot name safely")
+
+
+def op_name(op: torch._ops.OpOverload) -> str:
+    """How an engine graph names the operator `op`."""
+    return f"torch.ops.{op.namespace}.{op._opname}.{op._overloadname}"
 
 
 def _decode_target(op: str, target: str):
