@@ -46,6 +46,12 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(cpu_fields().get("flags", "").split())
 
 
+def has_bfloat16_units() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16, AMX): without these units
+    oneDNN emulates bfloat16 matmuls, slower than float32 ones."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def physical_core_ids(text: str) -> set[tuple[str | None, str]]:
     """(physical id, core id) of every processor `text` lists: hyper-threads of one core share a pair."""
     seen = set()

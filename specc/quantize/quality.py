@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from typing import NamedTuple
 
 import torch
 
 from specc.data.corpora import CorpusUnavailableError, heldout_prompts
+from specc.host.cpuinfo import has_bfloat16_units
 from specc.quantize.schemes import Scheme, scheme_for
 
 log = logging.getLogger("specc")
@@ -41,21 +43,55 @@ def heldout_windows(tokenizer, per_kind: int = WINDOWS_PER_KIND, tokens: int = W
 @torch.no_grad()
 def quantization_quality(model: torch.nn.Module, tokenizer, scheme: Scheme) -> dict:
     """Top-1 agreement and both perplexities of `model` quantized with `scheme` against itself."""
-    windows = heldout_windows(tokenizer)
-    agree = total = 0
-    nll = {"reference": 0.0, "quantized": 0.0}
-    for ids in windows:
-        tokens = torch.tensor([ids], device=model.device)
-        reference = model(tokens).logits[0].float()
-        with quantized_linears(model, scheme):
-            quantized = model(tokens).logits[0].float()
-        agree += int((reference.argmax(-1) == quantized.argmax(-1)).sum())
-        total += len(ids)
-        for name, logits in (("reference", reference), ("quantized", quantized)):
-            nll[name] += float(torch.nn.functional.cross_entropy(logits[:-1], tokens[0, 1:], reduction="sum"))
+    windows = [torch.tensor([ids], device=model.device) for ids in heldout_windows(tokenizer)]
+    with float32_products(model):
+        reference = [_scored(model, tokens) for tokens in windows]
+    with quantized_linears(model, scheme):   # packs each weight once for every window
+        quantized = [_scored(model, tokens) for tokens in windows]
+    agree = sum(int((ref.top1 == quant.top1).sum()) for ref, quant in zip(reference, quantized))
+    total = sum(tokens.shape[1] for tokens in windows)
     predicted = total - len(windows)
+    nll = {"reference": sum(s.nll for s in reference), "quantized": sum(s.nll for s in quantized)}
     return {"top1_agreement": round(agree / max(total, 1), 4), "tokens": total, "windows": len(windows),
             "perplexity": {name: round(math.exp(value / max(predicted, 1)), 3) for name, value in nll.items()}}
+
+
+class _Scored(NamedTuple):
+    top1: torch.Tensor   # the model's greedy choice after every token of the window
+    nll: float           # the summed negative log-likelihood of the window's tokens after its first
+
+
+def _scored(model: torch.nn.Module, tokens: torch.Tensor) -> _Scored:
+    logits = model(tokens).logits[0].float()
+    return _Scored(logits.argmax(-1),
+                   float(torch.nn.functional.cross_entropy(logits[:-1], tokens[0, 1:], reduction="sum")))
+
+
+@contextlib.contextmanager
+def float32_products(model: torch.nn.Module):
+    """On a CPU without bfloat16 units, every half-precision `nn.Linear` of `model` multiplying in
+    float32 and rounding its output to its own dtype, restored on exit: the products a bfloat16
+    matmul accumulates in float32 anyway, without oneDNN's emulation of the missing units, which
+    makes the unquantized reference the slowest part of a compile's measurement."""
+    if model.device.type != "cpu" or has_bfloat16_units():
+        yield
+        return
+    swapped = [module for module in model.modules() if isinstance(module, torch.nn.Linear)
+               and module.weight.dtype in (torch.bfloat16, torch.float16)]
+    for module in swapped:
+        module.forward = _float32_forward(module)
+    try:
+        yield
+    finally:
+        for module in swapped:
+            del module.forward
+
+
+def _float32_forward(linear: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        bias = None if linear.bias is None else linear.bias.float()
+        return torch.nn.functional.linear(x.float(), linear.weight.float(), bias).to(x.dtype)
+    return forward
 
 
 @contextlib.contextmanager

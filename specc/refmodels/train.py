@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from specc.console.progress import progress_bar
 from specc.data.corpora import CorpusSelection
 from specc.data.files import write_directory_atomically
-from specc.host.cpuinfo import cpu_flags
+from specc.host.cpuinfo import has_bfloat16_units
 from specc.refmodels.specs import REFERENCE_FILE, TRAINER_VERSION, ReferenceSpec, TrainingPlan
 from specc.refmodels.tokenizer import encode_documents, endoftext_id, save_tokenizer, train_tokenizer
 
@@ -309,14 +309,9 @@ _CPU_BF16_MIN_HIDDEN_SIZE = 256
 def _autocast_dtype(device: torch.device, hidden_size: int) -> torch.dtype | None:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    if device.type == "cpu" and hidden_size >= _CPU_BF16_MIN_HIDDEN_SIZE and _cpu_has_native_bf16():
+    if device.type == "cpu" and hidden_size >= _CPU_BF16_MIN_HIDDEN_SIZE and has_bfloat16_units():
         return torch.bfloat16
     return None
-
-
-def _cpu_has_native_bf16() -> bool:
-    # Without these units oneDNN emulates bf16 and autocast is slower than float32.
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def _precision_name(autocast_dtype: torch.dtype | None) -> str:
