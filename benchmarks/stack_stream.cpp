@@ -3,8 +3,9 @@
 // for the region's threads, one decode row over `kv` cached positions, against a plain read of the
 // same packs by the same threads (256-bit loads summed, what no kernel can beat), and against the
 // stack with every layer on the first layer's pack ("hot": its weights in the caches where one
-// layer fits them, what the arithmetic costs), all alternating in one process, order rotated every
-// repeat. Where the stack takes about hot + read, the memory's time adds to the arithmetic's
+// layer fits them, what the arithmetic costs), all alternating in one process, in a new shuffled
+// order every repeat (a fixed rotation always ran each system after the same one, and the one after
+// the 4 KiB-page read ran ~10% slow). Where the stack takes about hot + read, the memory's time adds to the arithmetic's
 // instead of hiding under it. The packs lie on 2 MiB pages, as an engine's weights do
 // (specc/host/huge_pages.py), and a copy on 4 KiB pages runs the stack and the read beside them.
 //
@@ -15,7 +16,7 @@
 // Each LIBRARY is another build of the kernels, e.g. with a define changed:
 //   g++ -O3 -march=native -fopenmp -std=c++17 -shared -fPIC -DNAME=VALUE -o /tmp/variant.so
 //       specc/kernels/cpu/{blocked_matmul,decoder_chain,row_attention,call_trace}.cpp
-// and runs the same layers beside this binary's own, in the same rotation: two versions of a kernel
+// and runs the same layers beside this binary's own, in the same shuffled order: two versions of a kernel
 // compared in one process, where runs in turn on this VM drift by more than most changes.
 //
 // Shapes: SmolLM2-135M (30 layers of hidden 576, intermediate 1536, 9 heads over 3 kv heads of 64)
@@ -181,9 +182,13 @@ int main(int argc, char** argv) {
     const int count = static_cast<int>(systems.size());
     std::vector<double> seconds(count);
     uint64_t sink = 0;
+    std::vector<int> order(count);
+    for (int i = 0; i < count; ++i) order[i] = i;
+    std::mt19937 shuffler(12345);
     for (int repeat = 0; repeat <= repeats; ++repeat) {
+        std::shuffle(order.begin(), order.end(), shuffler);
         for (int i = 0; i < count; ++i) {
-            const int v = (i + repeat) % count;
+            const int v = order[i];
             const System& system = systems[v];
             const double start = now();
             for (int step = 0; step < kSteps; ++step) {
