@@ -86,6 +86,7 @@ from specc.lower.row_padding import PaddedRows, q_axes, row_padding
 from specc.lower.template_cache import templates_parsed_once
 from specc.host.threads import idle_machine_threads, torch_threads
 from specc.host.collapsed_pages import new_memory_on_huge_pages
+from specc.host.extraction_dir import extraction_on_disk
 
 
 class AOTInductorBackend(Backend):
@@ -168,14 +169,16 @@ def _load_package(path: Path, target: LoweringTarget):
     """On CUDA the package runs without its thread synchronisation, which CUDA graph capture
     (`specc.lower.cuda_graphs`) cannot record. On the CPU the weights a package copies out of
     itself as it loads are moved onto huge pages (`collapsed_pages`). A package built without
-    its weights reads the graph's (`aoti_constants`)."""
+    its weights reads the graph's (`aoti_constants`). It is unpacked on disk where the temporary
+    directory is in memory (`extraction_dir`)."""
     device = target.device
-    if device.type == "cuda":
-        package = torch._inductor.aoti_load_package(str(path), run_single_threaded=True,
-                                                    device_index=device.index or 0)
-    else:
-        with new_memory_on_huge_pages():
-            package = torch._inductor.aoti_load_package(str(path))
+    with extraction_on_disk():
+        if device.type == "cuda":
+            package = torch._inductor.aoti_load_package(str(path), run_single_threaded=True,
+                                                        device_index=device.index or 0)
+        else:
+            with new_memory_on_huge_pages():
+                package = torch._inductor.aoti_load_package(str(path))
     if reads_graph_constants(package):
         hand_over_constants(package, target.module)
     return FlatCall.of(package)
