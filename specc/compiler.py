@@ -24,6 +24,7 @@ from specc.engine.save import check_output_dir, staging_dir, write_manifest, wri
 from specc.errors import SpeccError, UsageError
 from specc.graph.nodes import FROZEN_COPIES, attribute
 from specc.graph.signature import read_signature, static_sizes
+from specc.host.cpuinfo import emulates_bfloat16
 from specc.host.device import device_kind, move_graph, resolve_device
 from specc.kernels import kernel_revisions, kernels_in_graph
 from specc.kernels.cpu.build import compiler
@@ -72,6 +73,7 @@ def validate(request: CompileRequest):
     backend.check_available()
     resolve_device(request.device)
     check_dtype(request.dtype)
+    warn_emulated_bfloat16(request)
     for flag, name in (("--quantize", request.quantize), ("--quantize-draft", request.quantize_draft)):
         if name is not None:
             check_quantize(request, parse_scheme(name), flag)
@@ -115,6 +117,15 @@ def sized_config(method: MethodDescriptor, config, settings, model_config):
 
 
 QUANTIZED_BACKENDS = ("eager", "inductor", "aoti")
+
+
+def warn_emulated_bfloat16(request: CompileRequest) -> None:
+    """A bfloat16 float engine for a CPU without bfloat16 units runs PyTorch's emulated matmuls."""
+    if (request.dtype == "bfloat16" and request.quantize is None and request.backend in QUANTIZED_BACKENDS
+            and resolve_device(request.device).type == "cpu" and emulates_bfloat16()):
+        log.warning("--dtype bfloat16 without --quantize, on a CPU without bfloat16 units (AVX512-BF16, AMX): "
+                    "PyTorch emulates bfloat16 matmuls here, so this engine decodes slower than in float32; "
+                    "--quantize q4 runs bfloat16 activations on specc's own kernels (docs/quantization.md)")
 
 
 def check_quantize(request: CompileRequest, scheme: Scheme, flag: str = "--quantize") -> None:

@@ -6,6 +6,7 @@ what `platform` and `os` say.
 
 from __future__ import annotations
 
+import platform
 from functools import cache
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def has_bfloat16_units() -> bool:
     """Whether the CPU multiplies bfloat16 natively (AVX512-BF16, AMX): without these units
     oneDNN emulates bfloat16 matmuls, slower than float32 ones."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def emulates_bfloat16() -> bool:
+    """Whether this is an x86 CPU without bfloat16 units, where PyTorch's bfloat16 matmuls are
+    emulated; False where Linux does not say (and on other architectures, whose flags differ)."""
+    return platform.machine() in ("x86_64", "AMD64") and bool(cpu_flags()) and not has_bfloat16_units()
 
 
 def physical_core_ids(text: str) -> set[tuple[str | None, str]]:

@@ -170,6 +170,24 @@ def test_missing_text_corpus_is_an_info_notice_not_a_warning(tmp_path, caplog):
     assert notices and all(r.levelno == logging.INFO for r in notices)
 
 
+def test_a_bfloat16_float_engine_for_a_cpu_that_emulates_bfloat16_is_warned_about(monkeypatch, caplog, tmp_path):
+    from dataclasses import replace
+
+    from specc import compiler
+
+    request = compiler.CompileRequest(model="m", method="none", output=tmp_path / "e", backend="aoti",
+                                      dtype="bfloat16", device="cpu")
+    warned = []
+    for emulated in (True, False):
+        monkeypatch.setattr(compiler, "emulates_bfloat16", lambda: emulated)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            for each in (request, replace(request, quantize="q4"), replace(request, dtype="float32")):
+                compiler.warn_emulated_bfloat16(each)
+        warned.append([r.getMessage() for r in caplog.records if r.levelno == logging.WARNING])
+    assert len(warned[0]) == 1 and "--quantize q4" in warned[0][0] and warned[1] == []
+
+
 def test_compile_output_has_only_stage_lines(workspace, tmp_path):
     """HF's loading bar and advisory warnings must not break the stage lines (subprocess: real stderr)."""
     _, checkpoint, _ = workspace

@@ -19,7 +19,9 @@ def cpuinfo_file(tmp_path, monkeypatch):
     """Points the reader at a file of the test's choosing (or none), its cache cleared before and after."""
     def use(text: str | None):
         path = tmp_path / "cpuinfo"
-        if text is not None:
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
             path.write_text(text)
         monkeypatch.setattr(cpuinfo, "CPUINFO", path)
         cpuinfo.cpuinfo_text.cache_clear()
@@ -52,3 +54,16 @@ def test_a_listing_without_core_ids_falls_back_to_the_processor_count(cpuinfo_fi
     cpuinfo_file("processor\t: 0\nflags\t\t: fpu\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     assert threads.physical_cores() == 2
+
+
+def test_bfloat16_units_and_their_emulation_on_x86(cpuinfo_file, monkeypatch):
+    monkeypatch.setattr(cpuinfo.platform, "machine", lambda: "x86_64")
+    cpuinfo_file(FOUR_PROCESSORS)
+    assert cpuinfo.has_bfloat16_units() and not cpuinfo.emulates_bfloat16()
+    cpuinfo_file(FOUR_PROCESSORS.replace(" avx512_bf16", ""))
+    assert not cpuinfo.has_bfloat16_units() and cpuinfo.emulates_bfloat16()
+    cpuinfo_file(None)
+    assert not cpuinfo.emulates_bfloat16()   # nothing known: no claim
+    monkeypatch.setattr(cpuinfo.platform, "machine", lambda: "aarch64")
+    cpuinfo_file(FOUR_PROCESSORS.replace(" avx512_bf16", ""))
+    assert not cpuinfo.emulates_bfloat16()   # other architectures name their units otherwise
