@@ -139,10 +139,11 @@ def _cpuinfo(vendor: str, family: int, flags: str) -> str:
     return processor + "\n" + processor   # /proc/cpuinfo repeats itself for each processor
 
 
-def test_only_a_zen_4_builds_without_the_4_and_8_bit_tiles_requests():
+def test_the_cpu_chooses_which_tiles_request_their_weights_and_into_which_cache():
     zen4 = build.tuning_flags(_cpuinfo("AuthenticAMD", 25, "avx512f avx512bw avx512_vnni"))
     assert zen4 == (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",)   # the 6-bit tiles keep theirs
     assert build.tuning_flags(_cpuinfo("AuthenticAMD", 25, "fma f16c")) == ()            # Zen 3
     assert build.tuning_flags(_cpuinfo("AuthenticAMD", 26, "avx512f avx512bw")) == ()    # Zen 5
-    assert build.tuning_flags(_cpuinfo("GenuineIntel", 6, "avx512f avx512bw")) == ()
+    intel = ("-DSPECC_PREFETCH_HINT=_MM_HINT_T1",)   # requests into L2, not non-temporal
+    assert build.tuning_flags(_cpuinfo("GenuineIntel", 6, "avx512f avx512bw")) == intel
     assert build.tuning_flags("") == ()

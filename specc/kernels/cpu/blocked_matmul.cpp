@@ -51,6 +51,12 @@ constexpr int kPrefetchBytes = 6144;
 #endif
 template <int Bits>
 constexpr bool kRequestsBlocks = ((SPECC_BLOCK_REQUESTS) >> Bits) & 1;
+// Which cache those requests fill, also chosen by build.py: non-temporal (L1 only, past the outer
+// caches) suits AMD's cores; on Intel's Xeons the same requests left the layers at 0.4-0.5 of the
+// rate of requests into L2 (benchmarks/NOTES.md).
+#ifndef SPECC_PREFETCH_HINT
+#define SPECC_PREFETCH_HINT _MM_HINT_NTA
+#endif
 
 using specc_cpu::bf16_to_float;
 using specc_cpu::float_to_bf16;
@@ -252,7 +258,7 @@ void tile_rows_scalar(const uint8_t* tile, int blocks, const QuantizedRows& a, i
 inline void prefetch_share(const uint8_t* group, size_t per_block, int j) {
     const size_t begin = per_block * j, end = per_block * (j + 1);
     for (size_t line = begin; line < end; line += kLine) {
-        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), _MM_HINT_NTA);
+        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes + line), SPECC_PREFETCH_HINT);
     }
 }
 
