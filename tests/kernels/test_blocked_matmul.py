@@ -144,6 +144,6 @@ def test_the_cpu_chooses_which_tiles_request_their_weights_and_into_which_cache(
     assert zen4 == (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",)   # the 6-bit tiles keep theirs
     assert build.tuning_flags(_cpuinfo("AuthenticAMD", 25, "fma f16c")) == ()            # Zen 3
     assert build.tuning_flags(_cpuinfo("AuthenticAMD", 26, "avx512f avx512bw")) == ()    # Zen 5
-    intel = ("-DSPECC_PREFETCH_HINT=_MM_HINT_T1",)   # requests into L2, not non-temporal
+    intel = ("-DSPECC_PREFETCH_HINT=_MM_HINT_T1", "-DSPECC_PREFETCH_BYTES=4096")   # into L2, not non-temporal
     assert build.tuning_flags(_cpuinfo("GenuineIntel", 6, "avx512f avx512bw")) == intel
     assert build.tuning_flags("") == ()

@@ -37,12 +37,16 @@ constexpr int kGroup = 8;   // blocks per group
 constexpr int kTile = 16;
 constexpr int kLine = 64;
 constexpr int kRowTile = 4;
-// How far ahead the weights are requested: one non-temporal request per line, a few KiB ahead
-// (they are read once a step, so they need not displace anything from the outer caches), and
-// each thread's first lines before it starts, which the loop's own requests never cover. Fewer
-// and nearer requests left the core time to keep up when the memory delivered more: the
-// measurements are in docs/quantization.md ("Memory").
-constexpr int kPrefetchBytes = 6144;
+// How far ahead the weights are requested: one request per line, a few KiB ahead (non-temporal
+// by default: they are read once a step, so they need not displace anything from the outer
+// caches), and each thread's first lines before it starts, which the loop's own requests never
+// cover. Fewer and nearer requests left the core time to keep up when the memory delivered more:
+// the measurements are in docs/quantization.md ("Memory"). build.py may choose another distance
+// and cache for the CPU (`tuning_flags`).
+#ifndef SPECC_PREFETCH_BYTES
+#define SPECC_PREFETCH_BYTES 6144
+#endif
+constexpr int kPrefetchBytes = SPECC_PREFETCH_BYTES;
 // Which widths' tiles make those requests block by block: a mask of 1 << bits, chosen for the CPU by
 // build.py (`tuning_flags`): on a Zen 4 the 4- and 8-bit tiles streamed faster without them, the
 // hardware prefetchers keeping up alone, and the 6-bit ones slower (benchmarks/NOTES.md).

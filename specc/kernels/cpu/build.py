@@ -62,14 +62,15 @@ def tuning_flags(cpuinfo: str) -> tuple[str, ...]:
     """Defines that tune the kernels to the CPU `cpuinfo` (/proc/cpuinfo's text) describes. AMD's Zen 4
     (family 25 with AVX-512; Zen 3, the same family, has none) streams 4- and 8-bit tiles faster
     without blocked_matmul's per-block memory requests, and 6-bit tiles slower; Intel's Xeons stream
-    twice as fast with those requests into L2 as with AMD's non-temporal ones (benchmarks/NOTES.md)."""
+    twice as fast with those requests into L2, 4 KiB ahead, as with AMD's non-temporal ones 6 KiB
+    ahead (benchmarks/NOTES.md)."""
     fields = first_processor(cpuinfo)
     zen4 = (fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
             and "avx512f" in fields.get("flags", "").split())
     if zen4:
         return (f"-DSPECC_BLOCK_REQUESTS={1 << 6}",)
     if fields.get("vendor_id") == "GenuineIntel":
-        return ("-DSPECC_PREFETCH_HINT=_MM_HINT_T1",)
+        return ("-DSPECC_PREFETCH_HINT=_MM_HINT_T1", "-DSPECC_PREFETCH_BYTES=4096")
     return ()
 
 
