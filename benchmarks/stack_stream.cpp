@@ -9,9 +9,14 @@
 // instead of hiding under it. The packs lie on 2 MiB pages, as an engine's weights do
 // (specc/host/huge_pages.py), and a copy on 4 KiB pages runs the stack and the read beside them.
 //
-//   g++ -O3 -march=native -fopenmp -std=c++17 -o /tmp/stack_stream benchmarks/stack_stream.cpp
+//   TUNING=$(python -c "from specc.kernels.cpu.build import tuning_flags
+//       from specc.host.cpuinfo import cpuinfo_text; print(*tuning_flags(cpuinfo_text() or ''))")
+//   g++ -O3 -march=native -fopenmp -std=c++17 $TUNING -o /tmp/stack_stream benchmarks/stack_stream.cpp
 //       specc/kernels/cpu/{blocked_matmul,decoder_chain,row_attention,call_trace}.cpp -ldl
 //   OMP_NUM_THREADS=2 /tmp/stack_stream smollm2|qwen2.5-1.5b [kv] [repeats] [LIBRARY.so ...]
+//
+// $TUNING holds the defines the engines' build chooses for this CPU, e.g. Intel's prefetch hint; without
+// them the binary's own stack is the default build, non-temporal requests on every CPU.
 //
 // Each LIBRARY is another build of the kernels, e.g. with a define changed:
 //   g++ -O3 -march=native -fopenmp -std=c++17 -shared -fPIC -DNAME=VALUE -o /tmp/variant.so
